@@ -1,0 +1,6 @@
+"""infcl_ds: exact contrastive loss at batch sizes of millions (Inf-CL) on DeepSpeed."""
+__version__ = "0.1.0"
+
+from .loss import ContrastiveLoss, contrastive_loss  # noqa: E402
+
+__all__ = ["ContrastiveLoss", "contrastive_loss", "__version__"]

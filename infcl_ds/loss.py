@@ -1,0 +1,63 @@
+"""Public API: the exact bidirectional CLIP loss over a (possibly distributed) batch.
+
+    loss = contrastive_loss(image_features, text_features, logit_scale, group=None)
+
+``logit_scale`` is the multiplier s (open_clip's ``logit_scale.exp()``). The loss is the
+mean of the image->text and text->image cross-entropies over the global batch, positives
+on the diagonal, and its gradients are those of one process holding the whole batch.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from .ops import KernelOptions, TiledClipLoss
+from .validation import check_features
+
+
+def _group_size(group) -> int:
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        if group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        return 1
+    return torch_dist.get_world_size(group)
+
+
+def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
+                     group=None, *, check_finite: bool = True, allow_tf32: bool = True,
+                     backend: str = "auto", panel: Optional[int] = None) -> torch.Tensor:
+    """Mean bidirectional CLIP loss; never materialises the B x B logits.
+
+    Args:
+        image_features, text_features: [b, D], fp32/bf16/fp16, same device (CUDA or CPU).
+            Usually L2-normalised, but any finite values are exact.
+        logit_scale: the multiplier s, 0-dim or 1-element tensor (may require grad).
+        group: process group; None is the default group when torch.distributed is
+            initialised. Without one, or with a group of one rank, the single-device loss.
+        check_finite: reject NaN/Inf inputs with a ValueError (one host sync); False skips it.
+        allow_tf32: fp32 inputs use TF32 tensor cores (~1e-3 relative error); False for
+            exact fp32 (IEEE) products. No effect on bf16/fp16.
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, chunked PyTorch on
+            CPU), "triton" or "torch".
+        panel: columns per backward panel (tests only; default derived from memory).
+    """
+    scale = check_features(image_features, text_features, logit_scale, check_finite)
+    options = KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel)
+    if _group_size(group) > 1:
+        raise NotImplementedError(
+            "contrastive_loss over more than one rank needs the ring collective (infcl_ds.parallel), "
+            "which is not implemented yet; call it with group=None on a single process")
+    return TiledClipLoss.apply(image_features, text_features, scale, options)
+
+
+class ContrastiveLoss(nn.Module):
+    """``nn.Module`` around :func:`contrastive_loss` (keyword options fixed at construction)."""
+
+    def __init__(self, group=None, **options):
+        super().__init__()
+        self.group = group
+        self.options = options
+
+    def forward(self, image_features, text_features, logit_scale):
+        return contrastive_loss(image_features, text_features, logit_scale, self.group, **self.options)

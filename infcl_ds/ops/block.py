@@ -1,0 +1,118 @@
+"""One block of the similarity matrix: statistics forward, both gradients backward.
+
+A block is ``a`` (rows: this rank's images) against ``b`` (columns: a text block, local or
+visiting in the ring). The single-device loss is one block; the ring runs one block per
+step. This module picks the implementation (Triton kernels on CUDA or under
+TRITON_INTERPRET=1, chunked PyTorch otherwise), walks the columns in panels, and does the
+two GEMMs per panel.
+"""
+import contextlib
+from typing import Optional
+
+import torch
+
+from . import grad_panel as triton_grad
+from . import lse as triton_lse
+from . import torch_panels
+from .tuning import interpreting
+
+BACKENDS = ("auto", "triton", "torch")
+# Extra memory the panel may take beyond its O(B*D) share.
+PANEL_SLACK_BYTES = 32 << 20
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" or interpreting() else "torch"
+    if backend == "triton" and device.type != "cuda" and not interpreting():
+        raise ValueError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1")
+    return backend
+
+
+def panel_width(n_a: int, n_b: int, D: int, bytes_per_elem: int) -> int:
+    """Columns per panel: the panel costs about as much as two feature rows per sample
+    (4*D bytes), plus PANEL_SLACK_BYTES; a multiple of 256 (whole tiles), within [256, n_b]."""
+    width = (4 * D * n_a + PANEL_SLACK_BYTES) // (max(n_a, 1) * bytes_per_elem)
+    return int(max(1, min(n_b, max(256, width // 256 * 256))))
+
+
+@contextlib.contextmanager
+def _matmul_precision(allow_tf32: bool):
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+_ADDMM_OUT_DTYPE_OK: Optional[bool] = None
+
+
+def gemm_into(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float, accumulate: bool) -> None:
+    """out (+)= alpha * x @ y, with fp32 accumulation whatever the operands' dtype."""
+    global _ADDMM_OUT_DTYPE_OK
+    beta = 1.0 if accumulate else 0.0
+    if out.dtype == x.dtype == y.dtype:
+        torch.addmm(out, x, y, beta=beta, alpha=alpha, out=out)
+        return
+    if out.is_cuda and x.dtype == y.dtype and _ADDMM_OUT_DTYPE_OK is not False:
+        # cuBLAS reads and writes the fp32 C directly: no fp32 temporary of the product.
+        try:
+            torch.addmm(out, x, y, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
+            _ADDMM_OUT_DTYPE_OK = True
+            return
+        except (RuntimeError, TypeError):
+            _ADDMM_OUT_DTYPE_OK = False
+    product = x.float() @ y.float()
+    if accumulate:
+        out.add_(product, alpha=alpha)
+    else:
+        torch.mul(product, alpha, out=out)
+
+
+def block_lse(a, b, scale, *, backend="auto", allow_tf32=True, panel=None):
+    """(row_lse [n_a], col_lse [n_b]) of ``scale * a @ b.T``, natural log, fp32."""
+    backend = resolve_backend(backend, a.device)
+    if backend == "triton":
+        return triton_lse.similarity_lse(a, b, scale, "tf32" if allow_tf32 else "ieee")
+    width = panel or panel_width(a.shape[0], b.shape[0], a.shape[1], 12)
+    return torch_panels.similarity_lse(a, b, scale, width)
+
+
+def block_backward(a, b, scale, row_lse, col_lse, coef: float, *, diag: bool,
+                   grad_a: torch.Tensor, grad_b: torch.Tensor, accumulate_b: bool,
+                   backend="auto", allow_tf32=True, panel=None) -> torch.Tensor:
+    """Add ``coef * G @ b`` to grad_a and write (or add, if accumulate_b) ``coef * G^T @ a``
+    to grad_b, with G = P + Q - 2*delta over this block; return sum(G * a@b.T) (fp64, 0-dim).
+
+    row_lse/col_lse: the complete statistics of a's rows and b's rows (whole global batch).
+    diag: the block holds the positive pairs on its diagonal (a and b from the same rank).
+    grad_a: fp32 accumulator [n_a, D]; grad_b: [n_b, D], fp32 if accumulate_b.
+    """
+    backend = resolve_backend(backend, a.device)
+    n_a, n_b = a.shape[0], b.shape[0]
+    # Triton writes G in the features' dtype for the tensor cores; the CPU path keeps fp32.
+    g_dtype = a.dtype if backend == "triton" else torch.float32
+    width = panel or panel_width(n_a, n_b, a.shape[1], g_dtype.itemsize if backend == "triton" else 12)
+    g_buf = torch.empty((n_a, min(width, n_b)), device=a.device, dtype=g_dtype)
+    ds = torch.zeros((), device=a.device, dtype=torch.float64)
+    precision = "tf32" if allow_tf32 else "ieee"
+    with _matmul_precision(allow_tf32):
+        for j0 in range(0, n_b, width):
+            b_panel = b[j0:j0 + width]
+            g = g_buf[:, :b_panel.shape[0]]
+            offset = j0 if diag else None
+            if backend == "triton":
+                part = triton_grad.grad_panel(a, b_panel, scale, row_lse, col_lse[j0:j0 + width], g, offset, precision)
+            else:
+                part = torch_panels.grad_panel(a, b_panel, scale, row_lse, col_lse[j0:j0 + width], g, offset)
+            ds += part
+            gemm_into(grad_a, g, b_panel, coef, accumulate=True)
+            gemm_into(grad_b[j0:j0 + width], g.T, a, coef, accumulate=accumulate_b)
+    return ds

@@ -1,0 +1,42 @@
+"""Input checks for the public loss: every bad input is a ValueError that names the problem."""
+import torch
+
+FEATURE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_finite: bool = True) -> torch.Tensor:
+    """Validate the loss inputs; return logit_scale as a 1-element tensor on the features' device."""
+    for name, t in (("image_features", image), ("text_features", text)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [batch, dim], got shape {tuple(t.shape)}")
+        if t.dtype not in FEATURE_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; supported: float32, bfloat16, float16")
+    if image.shape[0] != text.shape[0]:
+        raise ValueError(f"batch mismatch: image_features has {image.shape[0]} rows, text_features {text.shape[0]}")
+    if image.shape[1] != text.shape[1]:
+        raise ValueError(f"width mismatch: image_features has dim {image.shape[1]}, text_features {text.shape[1]}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"empty features: shape {tuple(image.shape)}")
+    if image.device != text.device:
+        raise ValueError(f"device mismatch: image_features on {image.device}, text_features on {text.device}")
+    if image.dtype != text.dtype:
+        raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
+    if not isinstance(logit_scale, torch.Tensor):
+        logit_scale = torch.tensor(float(logit_scale), device=image.device)
+    if logit_scale.numel() != 1:
+        raise ValueError(f"logit_scale must be a 0-dim or 1-element tensor, got shape {tuple(logit_scale.shape)}")
+    if not logit_scale.is_floating_point():
+        raise ValueError(f"logit_scale must be floating point, got {logit_scale.dtype}")
+    if logit_scale.device != image.device:
+        raise ValueError(f"device mismatch: logit_scale on {logit_scale.device}, features on {image.device}")
+    if check_finite:
+        # One fused reduction and one host sync: far cheaper than the loss itself, and a
+        # NaN caught here names its source instead of surfacing as a NaN loss later.
+        bad = torch.stack([~torch.isfinite(image).all(), ~torch.isfinite(text).all(),
+                           ~torch.isfinite(logit_scale.detach()).all()]).tolist()
+        for name, is_bad in zip(("image_features", "text_features", "logit_scale"), bad):
+            if is_bad:
+                raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+    return logit_scale
