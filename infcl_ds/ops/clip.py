@@ -16,10 +16,11 @@ class KernelOptions:
 
 
 def positive_logits_sum(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
-    """sum_i a_i . b_i in fp32, in chunks so no [B, D] fp32 copy of the features exists."""
-    total = torch.zeros((), device=a.device, dtype=torch.float32)
+    """sum_i a_i . b_i: row dots in fp32, their sum in fp64 (the loss subtracts s times this
+    from the log-sum-exps, a difference of O(s) numbers). Chunked: no [B, D] fp32 copy."""
+    total = torch.zeros((), device=a.device, dtype=torch.float64)
     for i in range(0, a.shape[0], chunk):
-        total += (a[i:i + chunk].float() * b[i:i + chunk].float()).sum()
+        total += (a[i:i + chunk].float() * b[i:i + chunk].float()).sum(1).double().sum()
     return total
 
 
@@ -35,7 +36,8 @@ class TiledClipLoss(torch.autograd.Function):
         n = image.shape[0]
         s = scale.detach().reshape(1).float()
         row_lse, col_lse = block_lse(image, text, s, backend=options.backend, allow_tf32=options.allow_tf32)
-        loss = (row_lse.sum() + col_lse.sum()) / (2 * n) - s[0] * positive_logits_sum(image, text) / n
+        loss = ((row_lse.double().sum() + col_lse.double().sum()) / (2 * n)
+                - s[0].double() * positive_logits_sum(image, text) / n).float()
         ctx.save_for_backward(image, text, s, row_lse, col_lse)
         ctx.options = options
         ctx.scale_shape, ctx.scale_dtype = scale.shape, scale.dtype

@@ -30,8 +30,10 @@ LN2 = 0.6931471805599453
 def _merge_lse2(x, y):
     """log2(2^x + 2^y), safe where both are -inf."""
     mx = tl.maximum(x, y)
-    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-    return mx_safe + tl.log2(tl.exp2(x - mx_safe) + tl.exp2(y - mx_safe))
+    empty = mx == float("-inf")
+    mx_safe = tl.where(empty, 0.0, mx)
+    total = tl.exp2(x - mx_safe) + tl.exp2(y - mx_safe)
+    return tl.where(empty, float("-inf"), mx_safe + tl.log2(tl.where(empty, 1.0, total)))
 
 
 @triton.jit
@@ -58,6 +60,9 @@ def _similarity_lse_kernel(
     row_end = tl.minimum(row_begin + rows_per_split, n_a)
     col_begin = pid_c * cols_per_split
     col_end = tl.minimum(col_begin + cols_per_split, n_b)
+    # A program whose column range is empty (more splits than column tiles) has nothing to
+    # add: its partials stay -inf as the launcher filled them.
+    row_end = tl.where(col_begin < col_end, row_end, row_begin)
 
     for m0 in range(row_begin, row_end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -87,7 +92,7 @@ def _similarity_lse_kernel(
             # The next row tile re-reads these columns from other threads: make the
             # stores visible CTA-wide first.
             tl.debug_barrier()
-        row_lse = tl.where(m_i == float("-inf"), float("-inf"), m_i + tl.log2(l_i))
+        row_lse = m_i + tl.log2(tl.where(row_ok, l_i, 1.0))  # masked rows are not stored
         tl.store(ROW_PART + pid_c * n_a + offs_m, row_lse, mask=row_ok)
 
 

@@ -1,0 +1,29 @@
+"""Float64 full-logit reference of the bidirectional CLIP loss, and error measures."""
+import torch
+import torch.nn.functional as F
+
+
+def clip_loss_reference(image, text, scale):
+    """Loss and (d_image, d_text, d_scale) in float64 on the same (rounded) inputs."""
+    image = image.detach().double().requires_grad_()
+    text = text.detach().double().requires_grad_()
+    scale = scale.detach().double().reshape(()).requires_grad_()
+    logits = scale * image @ text.T
+    labels = torch.arange(image.shape[0])
+    loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+    loss.backward()
+    return loss.detach(), image.grad, text.grad, scale.grad
+
+
+def rel_err(x, ref) -> float:
+    """Norm-wise relative error; absolute where the reference is (numerically) zero."""
+    x, ref = x.detach().double().reshape(-1), ref.detach().double().reshape(-1)
+    return ((x - ref).norm() / max(ref.norm().item(), 1e-12)).item()
+
+
+def random_features(n, d, dtype, seed, normalise=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    if normalise:
+        x = F.normalize(x, dim=1)
+    return x.to(dtype)
