@@ -1,0 +1,1 @@
+"""Benchmark scripts (`infcl-ds bench ...`): never timed tests; rows go to docs/benchmarks."""

@@ -1,0 +1,79 @@
+"""What every benchmark shares: the run's identity, timing, peak memory and JSON rows."""
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+
+def run_identity() -> Dict[str, str]:
+    """Device, versions and commit, stamped on every row of a run."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    import triton
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "commit": commit or os.environ.get("INFCL_DS_COMMIT", "unknown")}
+
+
+def synchronize():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], None], reps: int) -> float:
+    """Median wall time of ``reps`` calls in ms (CUDA events on GPU), after the caller's warm-up."""
+    times = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_mib_above_current(fn: Callable[[], None]) -> Optional[float]:
+    """Peak allocated memory during ``fn`` above what was allocated before it (GPU only)."""
+    if not torch.cuda.is_available():
+        return None
+    synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def write_rows(path: Path, rows: List[dict], meta: dict) -> None:
+    """Replace ``path`` by this run's rows: one run per file keeps every ratio same-run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def fmt_row(row: dict) -> str:
+    ms = "-" if row.get("ms") is None else f"{row['ms']:10.1f}"
+    peak = "-" if row.get("peak_mib") is None else f"{row['peak_mib']:9.0f}"
+    rate = "-" if row.get("tflops_eff") is None else f"{row['tflops_eff']:7.1f}"
+    return (f"{row['impl']:12s} B={row['B']:>8d} D={row['D']:>5d} {row['dtype']:5s} ms={ms} "
+            f"peak_mib={peak} TFLOP/s={rate} {row.get('status', '')}")
