@@ -32,7 +32,9 @@ def full_logits_loss(image, text, scale):
 def inf_cl_loss(image, text, scale):
     """The public inf-cl package as its training code calls it: once per direction (fp32)."""
     from inf_cl import cal_inf_loss
-    return (cal_inf_loss(image, text, scale=scale) + cal_inf_loss(text, image, scale=scale)) / 2
+    # Its own `scale=` argument all-reduces the scale's gradient, which needs a process
+    # group; multiplying the queries by s first is the same computation.
+    return (cal_inf_loss(scale * image, text) + cal_inf_loss(scale * text, image)) / 2
 
 
 IMPLS: Dict[str, Callable] = {
