@@ -117,3 +117,14 @@ def test_exact_fp32_option_and_scale_without_grad():
     loss.backward()
     _, ref_i, _, _ = clip_loss_reference(image, text, torch.tensor(10.0))
     assert rel_err(image.grad, ref_i) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_rows_of_very_different_scale(backend):
+    # Row norms from 0.05 to 3 at s = 100: logits of one tile span hundreds of units, so
+    # the kernels' one-exponential fast path must hand over to per-row/column shifts.
+    g = torch.Generator().manual_seed(13)
+    norms = torch.logspace(-1.3, 0.5, 130)[torch.randperm(130, generator=g)]
+    image = random_features(130, 80, torch.float32, 14) * norms[:, None]
+    text = random_features(130, 80, torch.float32, 15) * norms.flip(0)[:, None]
+    check(image, text, torch.tensor(100.0), tol=(1e-5, 1e-4, 1e-4), backend=backend)

@@ -57,10 +57,23 @@ def _grad_panel_kernel(
     # 2. Both softmaxes from the saved statistics, and the positive pairs, in fp32.
     r = tl.load(ROW_LSE2 + offs_m, mask=row_ok, other=0.0)
     c = tl.load(COL_LSE2 + offs_n, mask=col_ok, other=0.0)
-    g = tl.exp2(z - r[:, None]) + tl.exp2(z - c[None, :])
+    # One exponential per element when the tile's statistics lie within 100 (log2 units)
+    # of each other (the usual case): with lo = their min, 2^(z-r) = 2^(z-lo) * 2^(lo-r),
+    # where 2^(lo-r) <= 1 and 2^(z-lo) <= 2^100 (z <= r and z <= c). Else two.
+    lo = tl.minimum(tl.min(tl.where(row_ok, r, float("inf")), 0), tl.min(tl.where(col_ok, c, float("inf")), 0))
+    hi = tl.maximum(tl.max(tl.where(row_ok, r, float("-inf")), 0), tl.max(tl.where(col_ok, c, float("-inf")), 0))
+    # Padding rows/columns get z = r = c = lo: finite, and zeroed below.
+    valid = row_ok[:, None] & col_ok[None, :]
+    r = tl.where(row_ok, r, lo)
+    c = tl.where(col_ok, c, lo)
+    z = tl.where(valid, z, lo)
+    if hi - lo <= 100.0:
+        e = tl.exp2(z - lo)
+        g = e * (tl.exp2(lo - r)[:, None] + tl.exp2(lo - c)[None, :])
+    else:
+        g = tl.exp2(z - r[:, None]) + tl.exp2(z - c[None, :])
     if HAS_DIAG:
         g = tl.where(offs_m[:, None] == offs_n[None, :] + diag_offset, g - 2.0, g)
-    valid = row_ok[:, None] & col_ok[None, :]
     g = tl.where(valid, g, 0.0)
     # 3. Logit-scale partial from the unrounded G; then G in the features' dtype.
     tl.store(DS_PART + pid_m * tl.num_programs(1) + pid_n, tl.sum(tl.sum(g * x, 1), 0))
@@ -101,5 +114,5 @@ def grad_panel(a, b, scale, row_lse, col_lse, out, diag_offset=None, input_preci
             lambda: _launch(a[:n], b, scale, row_lse2[:n], col_lse2, out[:n], diag_offset, cfg, input_precision),
             warmup=5, rep=20, return_mode="median")
 
-    cfg = pick_config("grad_panel", D, a.dtype, input_precision, a.device, time_config)
+    cfg = pick_config("grad_panel", D, a.dtype, input_precision, a.device, time_config, a.shape[0])
     return _launch(a, b, scale, row_lse2, col_lse2, out, diag_offset, cfg, input_precision)

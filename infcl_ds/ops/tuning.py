@@ -40,6 +40,10 @@ GPU_CANDIDATES: Tuple[TileConfig, ...] = (
     TileConfig(256, 128, 64, 8, 3),
     TileConfig(128, 128, 128, 8, 3),
     TileConfig(128, 64, 64, 4, 4),
+    # fp32 operands take twice the shared memory per K step
+    TileConfig(128, 128, 32, 8, 3),
+    TileConfig(128, 128, 32, 4, 4),
+    TileConfig(128, 256, 32, 8, 3),
 )
 TUNE_ROWS = 16384
 
@@ -58,15 +62,18 @@ def interpreter_config(D: int) -> TileConfig:
 
 
 def pick_config(kind: str, D: int, dtype: torch.dtype, precision: str, device: torch.device,
-                time_config: Callable[[TileConfig], float],
+                time_config: Callable[[TileConfig], float], rows: int,
                 candidates: Iterable[TileConfig] = GPU_CANDIDATES) -> TileConfig:
-    """Return the fastest candidate for this kernel and problem class (cached)."""
+    """Return the fastest candidate for this kernel and problem class (cached).
+
+    rows: the problem's row count; problems smaller than TUNE_ROWS are their own class
+    (a shape tuned on a small batch would starve the GPU on a large one)."""
     pinned = os.environ.get("INFCL_DS_TILE")
     if pinned:
         return TileConfig.parse(pinned)
     if interpreting() or device.type != "cuda":
         return interpreter_config(D)
-    key = (kind, D, dtype, precision, device.index)
+    key = (kind, D, dtype, precision, device.index, min(rows, TUNE_ROWS))
     if key not in _cache:
         timings = {}
         for cfg in candidates:
@@ -82,5 +89,5 @@ def pick_config(kind: str, D: int, dtype: torch.dtype, precision: str, device: t
 
 def chosen_configs() -> Dict[str, str]:
     """The tile shapes picked so far, for benchmark records."""
-    return {f"{k[0]}/D={k[1]}/{str(k[2]).replace('torch.', '')}/{k[3]}": "x".join(map(str, dataclasses.astuple(v)))
+    return {f"{k[0]}/D={k[1]}/{str(k[2]).replace('torch.', '')}/{k[3]}/rows={k[5]}": "x".join(map(str, dataclasses.astuple(v)))
             for k, v in _cache.items()}
