@@ -35,6 +35,9 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
         logit_scale: the multiplier s, 0-dim or 1-element tensor (may require grad).
         group: process group; None is the default group when torch.distributed is
             initialised. Without one, or with a group of one rank, the single-device loss.
+            Over several ranks: the exact loss of the concatenated batch (group order) by a
+            ring over deepspeed.comm; every rank returns it, each rank gets the gradients of
+            its own features, and the logit-scale gradient is the full one on every rank.
         check_finite: reject NaN/Inf inputs with a ValueError (one host sync); False skips it.
         allow_tf32: fp32 inputs use TF32 tensor cores (~1e-3 relative error); False for
             exact fp32 (IEEE) products. No effect on bf16/fp16.
@@ -42,13 +45,21 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
             CPU), "triton" or "torch".
         panel: columns per backward panel (tests only; default derived from memory).
     """
-    scale = check_features(image_features, text_features, logit_scale, check_finite)
     options = KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel)
-    if _group_size(group) > 1:
-        raise NotImplementedError(
-            "contrastive_loss over more than one rank needs the ring collective (infcl_ds.parallel), "
-            "which is not implemented yet; call it with group=None on a single process")
-    return TiledClipLoss.apply(image_features, text_features, scale, options)
+    if _group_size(group) == 1:
+        scale = check_features(image_features, text_features, logit_scale, check_finite)
+        return TiledClipLoss.apply(image_features, text_features, scale, options)
+
+    from .parallel import Ring, RingClipLoss, check_across_ranks
+    ring = Ring(group)
+    # Local problems are shared before any rank raises, so that no peer is left waiting.
+    try:
+        scale = check_features(image_features, text_features, logit_scale, check_finite)
+        error = None
+    except ValueError as err:
+        scale, error = torch.zeros(()), str(err)
+    sizes = check_across_ranks(ring, image_features, text_features, scale, error)
+    return RingClipLoss.apply(image_features, text_features, scale, options, ring, sizes)
 
 
 class ContrastiveLoss(nn.Module):

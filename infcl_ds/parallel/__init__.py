@@ -1,0 +1,6 @@
+"""Cross-rank level of the tiling: a ring over deepspeed.comm (imports ops, never loss/engine)."""
+from .ring import Ring, ensure_deepspeed_comm
+from .ring_loss import RingClipLoss
+from .checks import check_across_ranks
+
+__all__ = ["Ring", "RingClipLoss", "check_across_ranks", "ensure_deepspeed_comm"]

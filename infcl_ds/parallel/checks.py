@@ -1,0 +1,52 @@
+"""One small collective before the first transfer: every rank learns every rank's inputs.
+
+A rank whose inputs are bad must not raise alone: its peers would wait in the ring until the
+timeout. So local problems are recorded, not raised, shared with one all-gather, and every
+rank raises the same ValueError naming the rank(s) and the problem.
+"""
+from typing import List, Optional
+
+import torch
+from deepspeed import comm as dist
+
+from .ring import Ring
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DEVICE_CODES = {"cpu": 0, "cuda": 1}
+
+
+def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
+                       local_error: Optional[str]) -> List[int]:
+    """Return the local batch sizes in group order, or raise ValueError on every rank."""
+    ok = local_error is None
+    info = torch.tensor([
+        0.0 if ok else 1.0,
+        float(image.shape[0]) if ok else -1.0,
+        float(image.shape[1]) if ok else -1.0,
+        float(_DTYPE_CODES.get(image.dtype, -1)) if ok else -1.0,
+        float(_DEVICE_CODES.get(image.device.type, -1)) if ok else -1.0,
+        float(scale.detach().reshape(())) if ok else 0.0,
+    ], dtype=torch.float64, device=ring.device)
+    table = torch.empty(ring.size * info.numel(), dtype=torch.float64, device=info.device)
+    dist.all_gather_into_tensor(table, info, group=ring.group)
+    rows = table.view(ring.size, -1).tolist()
+    if any(r[0] for r in rows):
+        messages = [None] * ring.size
+        dist.all_gather_object(messages, local_error, group=ring.group)
+        raise ValueError("contrastive_loss: bad input on " + "; ".join(
+            f"rank {ring.ranks[i]}: {m}" for i, m in enumerate(messages) if m))
+    names = {"width D": 2, "dtype": 3, "device type": 4, "logit_scale": 5}
+    for what, col in names.items():
+        values = [r[col] for r in rows]
+        if len(set(values)) > 1:
+            per_rank = ", ".join(f"rank {ring.ranks[i]}: {_describe(col, v)}" for i, v in enumerate(values))
+            raise ValueError(f"contrastive_loss: {what} differs across ranks ({per_rank})")
+    return [int(r[1]) for r in rows]
+
+
+def _describe(col: int, value: float) -> str:
+    if col == 3:
+        return {v: str(k).replace("torch.", "") for k, v in _DTYPE_CODES.items()}.get(int(value), "?")
+    if col == 4:
+        return {v: k for k, v in _DEVICE_CODES.items()}.get(int(value), "?")
+    return f"{value:g}"

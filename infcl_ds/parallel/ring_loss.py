@@ -1,0 +1,118 @@
+"""The exact global CLIP loss over the ranks of a group, as a ring of blocks.
+
+Each rank keeps its image block; text blocks travel rank -> rank+1. Every step runs one
+block through the same kernels as the single-device loss (ops/block.py):
+
+forward   row statistics of the local images accumulate in place; the column statistics of
+          each text block travel with it (merged with log-add-exp) and, after one more hop,
+          arrive home complete.
+backward  each text block travels again with its complete column statistics and an fp32
+          partial gradient; the block's G is recomputed once for both directions, giving
+          this rank's image gradient and its contribution to the text block's gradient.
+
+Overlap: the next text block is in flight while the kernels work on the current one. The
+travelling partial (column statistics, text gradient) is received during the step and
+merged after the kernels, then forwarded; only the last hop home is not hidden.
+
+Semantics: every rank returns the same global loss; each rank's feature gradients equal the
+single-process gradients of its slice of the global batch (the concatenation of the local
+batches in group order); the logit-scale gradient is the full one on every rank (one
+all-reduce). Local batch sizes may differ between ranks.
+"""
+from typing import List
+
+import torch
+
+from ..ops.block import block_backward, block_lse
+from ..ops.clip import KernelOptions, positive_logits_sum
+from .ring import Ring
+
+TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
+
+
+class RingClipLoss(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, image, text, scale, options: KernelOptions, ring: Ring, sizes: List[int]):
+        total, dev = sum(sizes), image.device
+        s = scale.detach().reshape(1).float()
+        kw = dict(backend=options.backend, allow_tf32=options.allow_tf32)
+        # Two receive buffers for visiting blocks (the input itself is only ever sent).
+        bufs = [torch.empty((max(sizes), image.shape[1]), device=dev, dtype=text.dtype) for _ in range(2)]
+        row = torch.full((image.shape[0],), float("-inf"), device=dev, dtype=torch.float32)
+        col_in = torch.empty(max(sizes), device=dev, dtype=torch.float32)
+        col_sends = []
+        for step in range(ring.size):
+            q = ring.origin(step)
+            cur = text if step == 0 else bufs[step % 2][:sizes[q]]
+            # 1. Next text block in flight while this one is computed; the partial column
+            #    statistics of this block (from the previous rank's step) arrive meanwhile.
+            text_reqs = []
+            if step < ring.size - 1:
+                text_reqs = ring.start([cur], [bufs[(step + 1) % 2][:sizes[ring.origin(step + 1)]]], TAG_TEXT)
+            col_reqs = ring.start((), [col_in[:sizes[q]]], TAG_COL_STATS) if step > 0 else []
+            # 2. This block's contribution to both statistics.
+            row_part, col_part = block_lse(image, cur, s, **kw)
+            row = torch.logaddexp(row, row_part)
+            ring.wait(col_reqs, "column statistics", step)
+            ring.wait(col_sends, "column statistics", step)
+            col_out = col_part if step == 0 else torch.logaddexp(col_in[:sizes[q]], col_part)
+            # 3. Forward the merged statistics; after the last step they go home.
+            col_sends = ring.start([col_out], (), TAG_COL_STATS)
+            ring.wait(text_reqs, "text features", step)
+        col_home = torch.empty(sizes[ring.pos], device=dev, dtype=torch.float32)
+        ring.wait(ring.start((), [col_home], TAG_COL_STATS), "column statistics (home)", ring.size)
+        ring.wait(col_sends, "column statistics", ring.size)
+
+        local = ((row.double().sum() + col_home.double().sum()) / (2 * total)
+                 - s[0].double() * positive_logits_sum(image, text) / total)
+        loss = ring.all_reduce_sum(local).float()
+        ctx.save_for_backward(image, text, s, row, col_home)
+        ctx.options, ctx.ring, ctx.sizes = options, ring, sizes
+        ctx.scale_shape, ctx.scale_dtype = scale.shape, scale.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        image, text, s, row, col_home = ctx.saved_tensors
+        ring, sizes, opt = ctx.ring, ctx.sizes, ctx.options
+        total, width, dev, big = sum(sizes), image.shape[1], image.device, max(sizes)
+        coef = float(grad_loss * s[0]) / (2 * total)
+        bufs = [torch.empty((big, width), device=dev, dtype=text.dtype) for _ in range(2)]
+        col_bufs = [torch.empty(big, device=dev, dtype=torch.float32) for _ in range(2)]
+        # fp32 partial text gradients: two buffers, one in flight while the other fills.
+        contrib = [torch.empty((big, width), device=dev, dtype=torch.float32) for _ in range(2)]
+        pending = [[], []]
+        grad_in = torch.empty((big, width), device=dev, dtype=torch.float32)
+        grad_image = torch.zeros(image.shape, device=dev, dtype=torch.float32)
+        ds = torch.zeros((), device=dev, dtype=torch.float64)
+        for step in range(ring.size):
+            q, i = ring.origin(step), step % 2
+            cur = text if step == 0 else bufs[i][:sizes[q]]
+            cur_col = col_home if step == 0 else col_bufs[i][:sizes[q]]
+            # 1. Next block and its statistics in flight; this block's partial gradient
+            #    (the previous rank's step) arrives during the kernels.
+            text_reqs = []
+            if step < ring.size - 1:
+                n = sizes[ring.origin(step + 1)]
+                text_reqs = ring.start([cur, cur_col], [bufs[1 - i][:n], col_bufs[1 - i][:n]], TAG_TEXT)
+            grad_reqs = ring.start((), [grad_in[:sizes[q]]], TAG_GRAD) if step > 0 else []
+            # 2. One recomputation of each tile: this rank's image gradient and its share of
+            #    the visiting block's text gradient.
+            ring.wait(pending[i], "text gradient", step)  # buffer i left two steps ago
+            out = contrib[i][:sizes[q]]
+            ds += block_backward(image, cur, s, row, cur_col, coef, diag=(step == 0), grad_a=grad_image,
+                                 grad_b=out, accumulate_b=False, backend=opt.backend,
+                                 allow_tf32=opt.allow_tf32, panel=opt.panel)
+            ring.wait(grad_reqs, "text gradient", step)
+            if step > 0:
+                out += grad_in[:sizes[q]]
+            # 3. Pass the partial on; after the last step it goes home.
+            pending[i] = ring.start([out], (), TAG_GRAD)
+            ring.wait(text_reqs, "text features", step)
+        grad_text = torch.empty((sizes[ring.pos], width), device=dev, dtype=torch.float32)
+        ring.wait(ring.start((), [grad_text], TAG_GRAD), "text gradient (home)", ring.size)
+        ring.wait(pending[0] + pending[1], "text gradient", ring.size)
+        ring.all_reduce_sum(ds)
+        grad_scale = (grad_loss.double() * ds / (2 * total)).to(ctx.scale_dtype).reshape(ctx.scale_shape)
+        return grad_image.to(image.dtype), grad_text.to(text.dtype), grad_scale, None, None, None

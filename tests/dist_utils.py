@@ -1,0 +1,69 @@
+"""Run a function on N gloo ranks in spawned processes on 127.0.0.1 (DS_ACCELERATOR=cpu)."""
+import io
+import os
+import queue as queue_module
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world, port, args, queue, timeout_s):
+    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    try:
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False,
+                                   init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                   timeout=timedelta(seconds=timeout_s))
+        # Through bytes: tensors sent as shared memory die with the child process.
+        buf = io.BytesIO()
+        torch.save(fn(rank, world, *args), buf)
+        queue.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn, world, *args, timeout_s=60, wait_s=240, allow_errors=False):
+    """Return {rank: result} (or {rank: ("error", traceback)} if allow_errors)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, timeout_s)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.monotonic() + wait_s
+    try:
+        while len(results) < world and time.monotonic() < deadline:
+            try:
+                rank, status, value = queue.get(timeout=1)
+            except queue_module.Empty:
+                # A rank that died without a word (os._exit, a signal) reports its exit code.
+                for r, p in enumerate(procs):
+                    if r not in results and p.exitcode is not None and queue.empty():
+                        time.sleep(0.5)
+                        if queue.empty() and r not in results:
+                            results[r] = ("error", f"rank {r} exited with code {p.exitcode} without a result")
+                continue
+            results[rank] = torch.load(io.BytesIO(value), weights_only=False) if status == "ok" else ("error", value)
+        if len(results) < world:
+            raise AssertionError(f"ranks {sorted(set(range(world)) - set(results))} gave no result in {wait_s} s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = {r: v[1] for r, v in results.items() if isinstance(v, tuple) and v and v[0] == "error"}
+    if errors and not allow_errors:
+        raise AssertionError("\n".join(f"--- rank {r} ---\n{tb}" for r, tb in errors.items()))
+    return results
