@@ -24,6 +24,14 @@ def run_identity() -> Dict[str, str]:
             "commit": commit or os.environ.get("INFCL_DS_COMMIT", "unknown")}
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface (benchmarks never leave this machine)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def synchronize():
     if torch.cuda.is_available():
         torch.cuda.synchronize()

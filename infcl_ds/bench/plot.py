@@ -46,3 +46,44 @@ def plot_loss(json_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+
+
+def plot_ring(json_path: Path, png_path: Path) -> None:
+    """Per-GPU effective rate and time against the global batch, one line per impl and D."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(json_path).read_text())
+    rows = [r for r in data["rows"] if r.get("ms")]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    colors = {"infcl_ds": "tab:blue", "infcl_ds_1gpu": "tab:cyan", "inf_cl": "tab:red", "open_clip": "tab:orange"}
+    for impl, color in colors.items():
+        for k, D in enumerate(sorted({r["D"] for r in rows})):
+            pts = sorted((r for r in rows if r["impl"] == impl and r["D"] == D), key=lambda r: r.get("same_work_as_B", r["B"]))
+            if not pts:
+                continue
+            xs = [r.get("same_work_as_B", r["B"]) for r in pts]
+            style = "-" if k == 0 else "--"
+            axes[0].plot(xs, [r["ms"] / 1e3 for r in pts], style, color=color, marker="o", label=f"{impl} D={D}")
+            axes[1].plot(xs, [r["tflops_eff_per_gpu"] for r in pts], style, color=color, marker="o", label=f"{impl} D={D}")
+            mem = [(x, r["peak_mib"] / 1024) for x, r in zip(xs, pts) if r.get("peak_mib")]
+            if mem:
+                axes[2].plot(*zip(*mem), style, color=color, marker="o", label=f"{impl} D={D}")
+            ext = [(x, r) for x, r in zip(xs, pts) if r.get("status") == "extrapolated"]
+            axes[0].scatter([x for x, _ in ext], [r["ms"] / 1e3 for _, r in ext], facecolors="none", edgecolors="k", s=90, zorder=3)
+    titles = ("forward + backward time (s)", "effective TFLOP/s per GPU", "peak memory per GPU above inputs (GiB)")
+    for ax, title in zip(axes, titles):
+        if not ax.has_data():
+            continue
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("global batch B (1-GPU rows: same per-GPU work)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    meta = data.get("meta", {})
+    fig.suptitle(f"ring over {meta.get('world', '?')} x {meta.get('device', '?')}, bf16 (circled: extrapolated)")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
