@@ -10,9 +10,9 @@ backward  each text block travels again with its complete column statistics and 
           partial gradient; the block's G is recomputed once for both directions, giving
           this rank's image gradient and its contribution to the text block's gradient.
 
-Overlap: the next text block is in flight while the kernels work on the current one. The
-travelling partial (column statistics, text gradient) is received during the step and
-merged after the kernels, then forwarded; only the last hop home is not hidden.
+Overlap: the next text block is in flight while the kernels work on the current one, and
+the travelling partial (column statistics, text gradient) of the next block arrives while
+this block computes; only the last hop home is not hidden.
 
 Semantics: every rank returns the same global loss; each rank's feature gradients equal the
 single-process gradients of its slice of the global batch (the concatenation of the local
@@ -31,6 +31,13 @@ TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
 
 
 class RingClipLoss(torch.autograd.Function):
+    """Message order: every rank posts the same sequence of batches, and within a batch its
+    send to rank+1 is matched by rank+1's receive *in the same batch*. NCCL runs a rank's
+    batches in order on one stream and a large send waits for its receive (rendezvous), so
+    any other order (e.g. receiving the partial early, sending it later) deadlocks the ring
+    once messages outgrow NCCL's eager buffers. Per step: batch A moves the next text block
+    (overlapping the kernels); batch C, after the kernels, sends this block's partial on and
+    receives the next block's partial, which lands while the next step computes."""
 
     @staticmethod
     def forward(ctx, image, text, scale, options: KernelOptions, ring: Ring, sizes: List[int]):
@@ -41,28 +48,25 @@ class RingClipLoss(torch.autograd.Function):
         bufs = [torch.empty((max(sizes), image.shape[1]), device=dev, dtype=text.dtype) for _ in range(2)]
         row = torch.full((image.shape[0],), float("-inf"), device=dev, dtype=torch.float32)
         col_in = torch.empty(max(sizes), device=dev, dtype=torch.float32)
-        col_sends = []
+        col_home = torch.empty(sizes[ring.pos], device=dev, dtype=torch.float32)
+        partial_reqs, col_out = [], None
         for step in range(ring.size):
             q = ring.origin(step)
+            last = step == ring.size - 1
             cur = text if step == 0 else bufs[step % 2][:sizes[q]]
-            # 1. Next text block in flight while this one is computed; the partial column
-            #    statistics of this block (from the previous rank's step) arrive meanwhile.
-            text_reqs = []
-            if step < ring.size - 1:
-                text_reqs = ring.start([cur], [bufs[(step + 1) % 2][:sizes[ring.origin(step + 1)]]], TAG_TEXT)
-            col_reqs = ring.start((), [col_in[:sizes[q]]], TAG_COL_STATS) if step > 0 else []
-            # 2. This block's contribution to both statistics.
+            # A. The next text block travels while this one is computed.
+            text_reqs = [] if last else ring.start([cur], [bufs[(step + 1) % 2][:sizes[ring.origin(step + 1)]]], TAG_TEXT)
+            # This block's contribution to the row and column statistics.
             row_part, col_part = block_lse(image, cur, s, **kw)
             row = torch.logaddexp(row, row_part)
-            ring.wait(col_reqs, "column statistics", step)
-            ring.wait(col_sends, "column statistics", step)
+            ring.wait(partial_reqs, "column statistics", step)  # batch C of the last step
             col_out = col_part if step == 0 else torch.logaddexp(col_in[:sizes[q]], col_part)
-            # 3. Forward the merged statistics; after the last step they go home.
-            col_sends = ring.start([col_out], (), TAG_COL_STATS)
+            # C. Merged statistics on to rank+1 (home after the last step); the next
+            #    block's arrive from rank-1.
+            target = col_home if last else col_in[:sizes[ring.origin(step + 1)]]
+            partial_reqs = ring.start([col_out], [target], TAG_COL_STATS)
             ring.wait(text_reqs, "text features", step)
-        col_home = torch.empty(sizes[ring.pos], device=dev, dtype=torch.float32)
-        ring.wait(ring.start((), [col_home], TAG_COL_STATS), "column statistics (home)", ring.size)
-        ring.wait(col_sends, "column statistics", ring.size)
+        ring.wait(partial_reqs, "column statistics (home)", ring.size)
 
         local = ((row.double().sum() + col_home.double().sum()) / (2 * total)
                  - s[0].double() * positive_logits_sum(image, text) / total)
@@ -80,39 +84,39 @@ class RingClipLoss(torch.autograd.Function):
         coef = float(grad_loss * s[0]) / (2 * total)
         bufs = [torch.empty((big, width), device=dev, dtype=text.dtype) for _ in range(2)]
         col_bufs = [torch.empty(big, device=dev, dtype=torch.float32) for _ in range(2)]
-        # fp32 partial text gradients: two buffers, one in flight while the other fills.
+        # fp32 partial text gradients: one buffer in flight while the other fills.
         contrib = [torch.empty((big, width), device=dev, dtype=torch.float32) for _ in range(2)]
-        pending = [[], []]
         grad_in = torch.empty((big, width), device=dev, dtype=torch.float32)
+        grad_text = torch.empty((sizes[ring.pos], width), device=dev, dtype=torch.float32)
         grad_image = torch.zeros(image.shape, device=dev, dtype=torch.float32)
         ds = torch.zeros((), device=dev, dtype=torch.float64)
+        partial_reqs = []
         for step in range(ring.size):
             q, i = ring.origin(step), step % 2
+            last = step == ring.size - 1
             cur = text if step == 0 else bufs[i][:sizes[q]]
             cur_col = col_home if step == 0 else col_bufs[i][:sizes[q]]
-            # 1. Next block and its statistics in flight; this block's partial gradient
-            #    (the previous rank's step) arrives during the kernels.
+            # A. The next block and its complete column statistics travel meanwhile.
             text_reqs = []
-            if step < ring.size - 1:
+            if not last:
                 n = sizes[ring.origin(step + 1)]
                 text_reqs = ring.start([cur, cur_col], [bufs[1 - i][:n], col_bufs[1 - i][:n]], TAG_TEXT)
-            grad_reqs = ring.start((), [grad_in[:sizes[q]]], TAG_GRAD) if step > 0 else []
-            # 2. One recomputation of each tile: this rank's image gradient and its share of
-            #    the visiting block's text gradient.
-            ring.wait(pending[i], "text gradient", step)  # buffer i left two steps ago
+            # One recomputation of each tile: this rank's image gradient and its share of
+            # the visiting block's text gradient (contrib[i] was sent two steps ago and
+            # that batch was waited for in the last step).
             out = contrib[i][:sizes[q]]
             ds += block_backward(image, cur, s, row, cur_col, coef, diag=(step == 0), grad_a=grad_image,
                                  grad_b=out, accumulate_b=False, backend=opt.backend,
                                  allow_tf32=opt.allow_tf32, panel=opt.panel)
-            ring.wait(grad_reqs, "text gradient", step)
+            ring.wait(partial_reqs, "text gradient", step)  # brought this block's partial
             if step > 0:
                 out += grad_in[:sizes[q]]
-            # 3. Pass the partial on; after the last step it goes home.
-            pending[i] = ring.start([out], (), TAG_GRAD)
+            # C. The partial on to rank+1 (home after the last step); the next block's
+            #    partial arrives from rank-1 while the next step computes.
+            target = grad_text if last else grad_in[:sizes[ring.origin(step + 1)]]
+            partial_reqs = ring.start([out], [target], TAG_GRAD)
             ring.wait(text_reqs, "text features", step)
-        grad_text = torch.empty((sizes[ring.pos], width), device=dev, dtype=torch.float32)
-        ring.wait(ring.start((), [grad_text], TAG_GRAD), "text gradient (home)", ring.size)
-        ring.wait(pending[0] + pending[1], "text gradient", ring.size)
+        ring.wait(partial_reqs, "text gradient (home)", ring.size)
         ring.all_reduce_sum(ds)
         grad_scale = (grad_loss.double() * ds / (2 * total)).to(ctx.scale_dtype).reshape(ctx.scale_shape)
         return grad_image.to(image.dtype), grad_text.to(text.dtype), grad_scale, None, None, None
