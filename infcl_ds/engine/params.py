@@ -1,0 +1,30 @@
+"""Parameter fix-ups DeepSpeed needs, undone on export.
+
+DeepSpeed 0.19.x broadcasts and flattens parameters through ``p.data.view(torch.uint8)``,
+which fails on a 0-dim tensor (open_clip's ``logit_scale``: "self.dim() cannot be 0 to view
+... as Byte"). Such parameters are given shape [1] before ``deepspeed.initialize`` (the
+model's arithmetic broadcasts the same) and put back to 0-dim in exported state dicts, so
+``open_clip.create_model(name).load_state_dict(..., strict=True)`` still takes them.
+"""
+from typing import Dict, List
+
+import torch
+
+
+def promote_scalar_parameters(model: torch.nn.Module) -> List[str]:
+    """Give every 0-dim parameter shape [1] in place; return their names."""
+    names = []
+    for name, param in model.named_parameters():
+        if param.dim() == 0:
+            param.data = param.data.reshape(1)
+            names.append(name)
+    return names
+
+
+def restore_scalar_parameters(state_dict: Dict[str, torch.Tensor], names: List[str]) -> Dict[str, torch.Tensor]:
+    """The state dict with the promoted parameters back to 0-dim (a new dict)."""
+    out = dict(state_dict)
+    for name in names:
+        if name in out:
+            out[name] = out[name].reshape(())
+    return out
