@@ -8,7 +8,6 @@ rows above ``--inf-cl-max-batch`` are extrapolated from its largest measured bat
 rate is flat in B), marked ``"status": "extrapolated"``.
 """
 import argparse
-import math
 from pathlib import Path
 from typing import Callable, Dict, List
 

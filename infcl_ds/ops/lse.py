@@ -22,7 +22,6 @@ import triton.language as tl
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
