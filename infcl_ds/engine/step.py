@@ -35,9 +35,13 @@ class ContrastiveEngine:
     """Wraps a DeepSpeed engine around an open_clip-style model
     (``encode_image``, ``encode_text``, ``logit_scale``)."""
 
-    def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None):
+    def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
+                 verify_replay: bool = False):
         self.engine = ds_engine
         self.chunk_size = chunk_size
+        # Debug aid: check that each re-encoded chunk reproduces its cached features (dropout,
+        # random augmentation replayed); a mismatch means the cached gradients are stale.
+        self.verify_replay = verify_replay
         self.group = group
         if world_size is None:
             import torch.distributed as torch_dist
@@ -45,20 +49,28 @@ class ContrastiveEngine:
         self.world_size = world_size
 
     @classmethod
-    def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, **ds_kwargs):
+    def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
+               **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, build the engine, wrap it."""
         import deepspeed
 
         from .params import promote_scalar_parameters
         scalar_names = promote_scalar_parameters(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
-        wrapped = cls(engine, chunk_size, group)
+        wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay)
         wrapped.scalar_parameter_names = scalar_names
         return wrapped
 
     @property
     def model(self):
         return self.engine.module
+
+    @staticmethod
+    def _check_replay(k, fi, cached_i, ft, cached_t):
+        err = max((fi.detach() - cached_i.detach()).abs().max().item(), (ft.detach() - cached_t.detach()).abs().max().item())
+        if err > 1e-5:
+            raise RuntimeError(f"chunk {k}: re-encoding with grad differs from the cached features by {err:.2e}; "
+                               "the model's randomness is not replayed by the saved RNG states")
 
     def _full(self, param):
         """The whole parameter inside the block (a no-op below ZeRO-3)."""
@@ -105,6 +117,8 @@ class ContrastiveEngine:
                 sync = nullcontext() if (stage >= 1 or last) else self.engine.no_sync()
                 with sync:
                     fi, ft = self._encode(images[lo:hi].to(device), texts[lo:hi].to(device))
+                    if self.verify_replay:
+                        self._check_replay(k, fi, img_cache[lo:hi], ft, txt_cache[lo:hi])
                     surrogate = (fi * grad_img[lo:hi]).sum() + (ft * grad_txt[lo:hi]).sum()
                     if k == 0:  # d loss / d logit_scale = d loss / d s * s, counted once
                         with self._full(self.model.logit_scale):
