@@ -2,7 +2,6 @@
 import io
 import os
 import queue as queue_module
-import socket
 import time
 import traceback
 from datetime import timedelta
@@ -10,11 +9,7 @@ from datetime import timedelta
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from infcl_ds.bench.common import free_port
 
 
 def _entry(fn, rank, world, port, args, queue, timeout_s):

@@ -3,14 +3,19 @@ import torch
 import torch.nn.functional as F
 
 
+def full_logits_loss(image, text, scale):
+    """The textbook bidirectional CLIP loss over the B x B logits."""
+    logits = scale * image @ text.T
+    labels = torch.arange(image.shape[0], device=image.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
 def clip_loss_reference(image, text, scale):
     """Loss and (d_image, d_text, d_scale) in float64 on the same (rounded) inputs."""
     image = image.detach().double().requires_grad_()
     text = text.detach().double().requires_grad_()
     scale = scale.detach().double().reshape(()).requires_grad_()
-    logits = scale * image @ text.T
-    labels = torch.arange(image.shape[0])
-    loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+    loss = full_logits_loss(image, text, scale)
     loss.backward()
     return loss.detach(), image.grad, text.grad, scale.grad
 

@@ -42,7 +42,7 @@ def _ring_cases(rank, world, cases, group_ranks=None):
 
 
 def check_against_reference(results, cases, order):
-    for k, (sizes, D, dtype, s, backend, seed, panel) in enumerate(cases):
+    for k, (sizes, D, dtype, s, backend, seed, _panel) in enumerate(cases):
         image, text = global_batch(sizes, D, dtype, seed)
         ref_loss, ref_i, ref_t, ref_s = clip_loss_reference(image, text, torch.tensor(s))
         tol_loss, tol_feat, tol_scale = TOL[dtype]

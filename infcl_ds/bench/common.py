@@ -67,6 +67,31 @@ def peak_mib_above_current(fn: Callable[[], None]) -> Optional[float]:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def measure(step: Callable[[], None], reps: int):
+    """(median ms, peak MiB above current) of ``step``. reps=0: one run gives both (rows of
+    many seconds whose kernels were compiled and tuned at a smaller size); otherwise a
+    warm-up, so compilation and tile tuning stay out of the peak, then a peak run, then reps."""
+    if reps == 0:
+        box = {}
+        peak = peak_mib_above_current(lambda: box.setdefault("ms", time_ms(step, 1)))
+        return box["ms"], peak
+    step()
+    peak = peak_mib_above_current(step)
+    return time_ms(step, reps), peak
+
+
+def extrapolated(rows: List[dict], B: int, rate_key: str, **match) -> Optional[dict]:
+    """Fields of a row at batch B extrapolated from the largest measured row matching
+    ``match``: time ~ B^2 at a flat rate, memory ~ B. None if nothing was measured."""
+    base = max((r for r in rows if r.get("status") == "measured" and all(r[k] == v for k, v in match.items())),
+               key=lambda r: r["B"], default=None)
+    if base is None:
+        return None
+    f = B / base["B"]
+    return {"ms": base["ms"] * f * f, "peak_mib": base["peak_mib"] * f if base["peak_mib"] else None,
+            rate_key: base[rate_key], "status": "extrapolated", "extrapolated_from_B": base["B"]}
+
+
 def is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..loss import contrastive_loss
-from .common import fmt_row, is_oom, peak_mib_above_current, run_identity, synchronize, time_ms, write_rows
+from .common import extrapolated, fmt_row, is_oom, measure, run_identity, synchronize, time_ms, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SCALE = 1 / 0.07
@@ -85,20 +85,10 @@ def check_against_float64(device, impls, dtypes) -> List[dict]:
 
 
 def bench_row(impl, B, D, dt, device, reps) -> dict:
-    """reps=0: one run gives both time and peak (rows of many seconds, kernels already
-    compiled and tuned at a smaller B); otherwise a warm-up that measures the peak, then reps."""
     row = {"impl": impl, "B": B, "D": D, "dtype": dt, "ms": None, "peak_mib": None, "tflops_eff": None}
     try:
         image, text, scale = make_inputs(B, D, DTYPES[dt], device)
-        if reps == 0:
-            holder = {}
-            row["peak_mib"] = peak_mib_above_current(
-                lambda: holder.setdefault("ms", time_ms(lambda: fwd_bwd(impl, image, text, scale), 1)))
-            row["ms"] = holder["ms"]
-        else:
-            fwd_bwd(impl, image, text, scale)  # warm-up: compilation and tile tuning stay out of the peak
-            row["peak_mib"] = peak_mib_above_current(lambda: fwd_bwd(impl, image, text, scale))
-            row["ms"] = time_ms(lambda: fwd_bwd(impl, image, text, scale), reps)
+        row["ms"], row["peak_mib"] = measure(lambda: fwd_bwd(impl, image, text, scale), reps)
         row["tflops_eff"] = 8 * B * B * D / (row["ms"] * 1e-3) / 1e12
         row["status"] = "measured"
     except Exception as err:  # noqa: BLE001 - record what stopped the row and go on
@@ -109,19 +99,6 @@ def bench_row(impl, B, D, dt, device, reps) -> dict:
         image = text = scale = None
         synchronize()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return row
-
-
-def extrapolate(rows: List[dict], impl: str, B: int, D: int, dt: str) -> dict:
-    """Time scales as B^2 at a flat rate, memory as B: from the largest measured batch."""
-    base = max((r for r in rows if r["impl"] == impl and r["D"] == D and r["dtype"] == dt and r.get("status") == "measured"),
-               key=lambda r: r["B"], default=None)
-    row = {"impl": impl, "B": B, "D": D, "dtype": dt, "ms": None, "peak_mib": None, "tflops_eff": None,
-           "status": "not run"}
-    if base:
-        f = B / base["B"]
-        row.update(ms=base["ms"] * f * f, peak_mib=base["peak_mib"] * f if base["peak_mib"] else None,
-                   tflops_eff=base["tflops_eff"], status="extrapolated", extrapolated_from_B=base["B"])
     return row
 
 
@@ -194,7 +171,9 @@ def main(argv=None):
         if impl == "inf_cl" and dt != "bf16" and "bf16" in dtypes:
             continue  # inf-cl upcasts every input to fp32: its bf16 row is its fp32 row
         if impl == "inf_cl" and (B > inf_cl_max or B * B * D > args.inf_cl_max_work):
-            row = extrapolate(rows, impl, B, D, dt)
+            row = {"impl": impl, "B": B, "D": D, "dtype": dt, "ms": None, "peak_mib": None, "tflops_eff": None,
+                   "status": "not run"}
+            row.update(extrapolated(rows, B, "tflops_eff", impl=impl, D=D, dtype=dt) or {})
         elif impl == "full_logits" and B > full_max:
             row = {"impl": impl, "B": B, "D": D, "dtype": dt, "ms": None, "peak_mib": None, "tflops_eff": None,
                    "status": "not run (B x B logits exceed the GPU)"}

@@ -14,17 +14,9 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from .common import fmt_row, free_port, is_oom, peak_mib_above_current, run_identity, time_ms, write_rows
-from .loss import DTYPES, SCALE, parse_sizes
-
-
-def _inputs(b, D, dtype, device, seed):
-    g = torch.Generator(device=device).manual_seed(seed)
-    image = F.normalize(torch.randn(b, D, device=device, generator=g), dim=1).to(dtype).requires_grad_()
-    text = F.normalize(torch.randn(b, D, device=device, generator=g), dim=1).to(dtype).requires_grad_()
-    return image, text, torch.tensor(SCALE, device=device, requires_grad=True)
+from .common import extrapolated, fmt_row, free_port, is_oom, measure, run_identity, write_rows
+from .loss import DTYPES, full_logits_loss, make_inputs, parse_sizes
 
 
 def _loss_fn(impl, rank, world):
@@ -49,7 +41,7 @@ def _check(rank, world, device):
     out = []
     for dt in ("bf16", "fp32"):
         b, D = 2053, 768
-        image, text, scale = _inputs(b, D, DTYPES[dt], device, seed=7 + rank)
+        image, text, scale = make_inputs(b, D, DTYPES[dt], device, seed=7 + rank)
         contrastive_loss(image, text, scale).backward()
         gathered = [[torch.empty_like(x) for _ in range(world)] for x in (image, text, image.grad, text.grad)]
         for dst, x in zip(gathered, (image, text, image.grad, text.grad)):
@@ -57,9 +49,7 @@ def _check(rank, world, device):
         if rank == 0:
             I, T = (torch.cat(g).double().requires_grad_() for g in gathered[:2])
             s = scale.detach().double().requires_grad_()
-            logits = s * I @ T.T
-            labels = torch.arange(I.shape[0], device=device)
-            ((F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2).backward()
+            full_logits_loss(I, T, s).backward()
             err = lambda x, r: ((x.double() - r).norm() / r.norm()).item()  # noqa: E731
             row = {"dtype": dt, "B": b * world, "D": D, "grad_image_rel_err": err(torch.cat(gathered[2]), I.grad),
                    "grad_text_rel_err": err(torch.cat(gathered[3]), T.grad), "grad_scale_rel_err": err(scale.grad, s.grad)}
@@ -73,13 +63,7 @@ def _measure(fn, image, text, scale, reps, group_max):
     def step():
         image.grad = text.grad = scale.grad = None
         fn(image, text, scale).backward()
-    if reps == 0:
-        box = {}
-        peak = peak_mib_above_current(lambda: box.setdefault("ms", time_ms(step, 1)))
-        ms = box["ms"]
-    else:
-        peak = peak_mib_above_current(step)
-        ms = time_ms(step, reps)
+    ms, peak = measure(step, reps)
     return group_max(ms), group_max(peak)
 
 
@@ -111,17 +95,12 @@ def _worker(rank, world, args, port, ident):
                        "peak_mib": None, "tflops_eff_per_gpu": None}
                 per_gpu = 8 * B * B * D / world
                 if impl == "inf_cl" and B > inf_cl_max:
-                    base = max((r for r in rows if r["impl"] == impl and r["D"] == D and r.get("status") == "measured"),
-                               key=lambda r: r["B"], default=None)
-                    if base:
-                        f = B / base["B"]
-                        row.update(ms=base["ms"] * f * f, peak_mib=base["peak_mib"] * f, status="extrapolated",
-                                   tflops_eff_per_gpu=base["tflops_eff_per_gpu"], extrapolated_from_B=base["B"])
+                    row.update(extrapolated(rows, B, "tflops_eff_per_gpu", impl=impl, D=D) or {"status": "not run"})
                 else:
                     done = [r for r in rows if r["impl"] == impl and r.get("tflops_eff_per_gpu")]
                     est = per_gpu / (min(r["tflops_eff_per_gpu"] for r in done) * 1e12) if done else 0
                     try:
-                        image, text, scale = _inputs(B // world, D, DTYPES[args.dtype], device, seed=rank)
+                        image, text, scale = make_inputs(B // world, D, DTYPES[args.dtype], device, seed=rank)
                         ms, peak = _measure(_loss_fn(impl, rank, world), image, text, scale,
                                             0 if est > args.long_row_seconds else args.reps, group_max)
                         row.update(ms=ms, peak_mib=peak if cuda else None, status="measured",
@@ -148,7 +127,7 @@ def _worker(rank, world, args, port, ident):
         ring_rows = [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]
         for r in ring_rows:
             b1 = int(r["B"] / math.sqrt(world)) // 256 * 256
-            image, text, scale = _inputs(b1, r["D"], DTYPES[args.dtype], device, seed=3)
+            image, text, scale = make_inputs(b1, r["D"], DTYPES[args.dtype], device, seed=3)
             est = 8 * b1 * b1 * r["D"] / (r["tflops_eff_per_gpu"] * 1e12)
             ms, peak = _measure(lambda i, t, s: contrastive_loss(i, t, s, group=solo), image, text, scale,
                                 0 if est > args.long_row_seconds else args.reps, lambda x: x)
