@@ -1,0 +1,57 @@
+"""Which samples each rank takes at each step: a global permutation per (seed, epoch), cut into
+global batches of G = world_size * local_batch; rank r takes rows [r*L, (r+1)*L) of each.
+
+Every rank derives the same permutation from the same (seed, epoch) without communicating, so
+an epoch covers each sample once across ranks and every rank has the same number of steps,
+however uneven the shards are. A position is a number of global batches, so a resume starts
+the sampler at that step (also with a different world size, if the global batch is the same).
+"""
+import math
+from typing import Iterator, List, Tuple
+
+import numpy as np
+
+
+def steps_per_epoch(num_samples: int, global_batch: int, drop_last: bool) -> int:
+    """drop_last: the global remainder (< one global batch) is dropped; else the last global
+    batch is completed by wrapping around to the start of the permutation."""
+    return num_samples // global_batch if drop_last else math.ceil(num_samples / global_batch)
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's permutation of sample indices, a pure function of (seed, epoch) for a given
+    numpy version (all ranks of a job run the same one)."""
+    return np.random.default_rng((seed, epoch)).permutation(num_samples)
+
+
+def pieces_per_step(local_batch: int, worker_batch: int) -> int:
+    return math.ceil(local_batch / worker_batch)
+
+
+class RankBatchSampler:
+    """One rank's local batches from `start_step` to the end of the epoch, each cut into
+    pieces of at most `worker_batch` (epoch, sample index) pairs.
+
+    A piece is one DataLoader task: the workers decode a huge local batch in parallel, and
+    only workers x prefetch pieces are in flight instead of whole batches. The epoch travels
+    with each index because the dataset seeds augmentation with it, and the dataset may live in
+    worker processes that never see `set_epoch`.
+    """
+
+    def __init__(self, num_samples: int, seed: int, epoch: int, rank: int, world_size: int,
+                 local_batch: int, start_step: int, steps: int, worker_batch: int):
+        self.num_samples, self.seed, self.epoch = num_samples, seed, epoch
+        self.rank, self.world_size, self.local_batch = rank, world_size, local_batch
+        self.start_step, self.steps, self.worker_batch = start_step, steps, worker_batch
+
+    def __len__(self) -> int:
+        return (self.steps - self.start_step) * pieces_per_step(self.local_batch, self.worker_batch)
+
+    def __iter__(self) -> Iterator[List[Tuple[int, int]]]:
+        order = epoch_order(self.num_samples, self.seed, self.epoch)
+        global_batch = self.world_size * self.local_batch
+        offsets = self.rank * self.local_batch + np.arange(self.local_batch)
+        for step in range(self.start_step, self.steps):
+            rows = order[(step * global_batch + offsets) % self.num_samples].tolist()
+            for lo in range(0, self.local_batch, self.worker_batch):
+                yield [(self.epoch, i) for i in rows[lo:lo + self.worker_batch]]

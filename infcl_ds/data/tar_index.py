@@ -1,0 +1,101 @@
+"""Random access into WebDataset tar shards: where each sample's members lie in its shard.
+
+A shard is indexed by walking its tar headers (tarfile seeks over the member data, nothing is
+decoded), grouping members by WebDataset key (the name up to the first dot of the basename, as
+`webdataset` groups them). Each sample gets a byte span (offset, size) for three roles: image
+(jpg, jpeg, png, webp: first present), text (txt) and label (cls, json); -1 marks a missing
+member. The spans are cached per shard under $INFCL_DS_CACHE (default ~/.cache/infcl_ds), keyed
+by the shard's real path, size and mtime, so a restart does not rescan.
+"""
+import hashlib
+import os
+import tarfile
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+from webdataset.tariterators import base_plus_ext
+
+from .errors import DataError
+
+IMAGE, TEXT, LABEL = range(3)
+ROLE_EXTENSIONS = (("jpg", "jpeg", "png", "webp"), ("txt",), ("cls", "json"))
+
+
+def scan_shard(path: Path) -> np.ndarray:
+    """int64 [samples, 3 roles, (offset, size)] for one uncompressed tar, in member order."""
+    members = {}  # key -> {ext: (offset, size)}; dicts keep first-seen order
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                key, ext = base_plus_ext(info.name) if info.isfile() else (None, None)
+                if key is not None:
+                    members.setdefault(key, {})[ext.lower()] = (info.offset_data, info.size)
+    except (tarfile.TarError, OSError) as e:
+        raise DataError(f"cannot index tar shard {path}: {e}") from e
+    spans = np.full((len(members), len(ROLE_EXTENSIONS), 2), -1, dtype=np.int64)
+    for row, by_ext in enumerate(members.values()):
+        for role, extensions in enumerate(ROLE_EXTENSIONS):
+            found = next((by_ext[e] for e in extensions if e in by_ext), None)
+            if found is not None:
+                spans[row, role] = found
+    return spans
+
+
+def _cache_file(path: Path) -> Path:
+    stat = path.stat()
+    ident = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    root = Path(os.environ.get("INFCL_DS_CACHE", Path.home() / ".cache" / "infcl_ds"))
+    return root / "tar-index" / f"{hashlib.sha1(ident).hexdigest()}.npy"
+
+
+def _save(cache: Path, spans: np.ndarray) -> None:
+    """Atomic write (ranks may index the same shard at once); a failure only costs a rescan."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, spans)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+
+
+def shard_spans(path: Path) -> np.ndarray:
+    """`scan_shard`, through the cache."""
+    cache = _cache_file(path)
+    if cache.exists():
+        return np.load(cache)
+    spans = scan_shard(path)
+    _save(cache, spans)
+    return spans
+
+
+class TarIndex:
+    """All samples of a list of shards, numbered in shard order then member order."""
+
+    def __init__(self, shards: List[Path]):
+        self.shards = list(shards)
+        per_shard = [shard_spans(p) for p in self.shards]
+        # starts[s] = global number of shard s's first sample: a binary search finds the shard.
+        self.starts = np.cumsum([0] + [len(s) for s in per_shard])[:-1]
+        self.spans = np.concatenate(per_shard) if per_shard else np.empty((0, 3, 2), np.int64)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def shard_of(self, index: int) -> Path:
+        return self.shards[int(np.searchsorted(self.starts, index, side="right")) - 1]
+
+    def read(self, index: int, roles) -> List[Optional[bytes]]:
+        """The bytes of the given roles' members of sample `index` (None where missing)."""
+        spans = self.spans[index]
+        with open(self.shard_of(index), "rb") as f:
+            return [_read_span(f, *spans[role]) for role in roles]
+
+
+def _read_span(f, offset: int, size: int) -> Optional[bytes]:
+    if offset < 0:
+        return None
+    f.seek(offset)
+    return f.read(size)

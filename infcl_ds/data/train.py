@@ -1,0 +1,95 @@
+"""`build_train_data`: the training stream of one rank, resumable at any step."""
+import itertools
+
+import torch
+from torch.utils.data import DataLoader
+
+from .batch import HostBatch
+from .dataset import Collate, TrainDataset
+from .errors import DataError
+from .sampler import RankBatchSampler, pieces_per_step, steps_per_epoch
+from .sources import build_source
+from .transforms import uint8_image_transform
+
+
+class TrainData:
+    """One rank's batches: `set_epoch`, iterate, `state_dict`/`load_state_dict`.
+
+    The position is the number of batches already yielded in the current epoch. Each iteration
+    builds a fresh DataLoader whose sampler starts at that position, so a resume is exact with
+    any number of workers; pieces prefetched by workers but never yielded are not counted.
+    Use one iterator at a time.
+    """
+
+    def __init__(self, dataset: TrainDataset, collate: Collate, *, rank: int, world_size: int,
+                 local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int):
+        if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
+            raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
+                            f"worker_batch {worker_batch}")
+        self.dataset, self.collate, self.workers = dataset, collate, workers
+        self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
+        self.worker_batch = min(worker_batch, local_batch)
+        self._pieces_per_step = pieces_per_step(local_batch, self.worker_batch)
+        self.num_samples = len(dataset.source)
+        self.steps_per_epoch = steps_per_epoch(self.num_samples, world_size * local_batch, drop_last)
+        if self.steps_per_epoch == 0:
+            raise DataError(f"{self.num_samples} samples do not fill one global batch of "
+                            f"{world_size} x {local_batch}")
+        self.epoch, self.step, self.skipped = 0, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` at step 0; the current epoch keeps its position, so that
+        `load_state_dict` followed by `set_epoch(resumed epoch)` continues where it stopped."""
+        if epoch != self.epoch:
+            self.epoch, self.step = epoch, 0
+
+    def __iter__(self):
+        sampler = RankBatchSampler(self.num_samples, self.seed, self.epoch, self.rank, self.world_size,
+                                   self.local_batch, self.step, self.steps_per_epoch, self.worker_batch)
+        pieces = iter(DataLoader(self.dataset, batch_sampler=sampler, collate_fn=self.collate,
+                                 num_workers=self.workers))
+        while self.step < self.steps_per_epoch:
+            batch = self._assemble(itertools.islice(pieces, self._pieces_per_step))
+            self.step += 1
+            yield batch
+
+    def _assemble(self, pieces) -> HostBatch:
+        """Copy one local batch's pieces into host tensors (pinned when CUDA is available, so
+        that HostBatch.chunk's copies overlap compute): one copy of the batch, not two."""
+        images = texts = None
+        row = 0
+        for piece_images, piece_texts, skipped in pieces:
+            if images is None:
+                images = _host_rows(piece_images, self.local_batch)
+                texts = _host_rows(piece_texts, self.local_batch)
+            images[row:row + len(piece_images)] = piece_images
+            texts[row:row + len(piece_texts)] = piece_texts
+            row += len(piece_images)
+            self.skipped += skipped
+        return HostBatch(images, texts)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not 0 <= state["step"] <= self.steps_per_epoch:
+            raise DataError(f"saved data position step {state['step']} is outside this epoch's "
+                            f"{self.steps_per_epoch} steps: did the data or the global batch change?")
+        self.epoch, self.step, self.skipped = state["epoch"], state["step"], state["skipped"]
+
+
+def _host_rows(like: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.empty((rows, *like.shape[1:]), dtype=like.dtype, pin_memory=torch.cuda.is_available())
+
+
+def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
+                     image_size: int, tokenizer, drop_last: bool = True) -> TrainData:
+    """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
+    "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
+    workers (default 2), augment (default True), worker_batch (samples per worker task,
+    default 256). Configuration errors raise DataError here."""
+    source = build_source(spec, image_size)
+    transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
+    return TrainData(TrainDataset(source, transform, seed), Collate(tokenizer), rank=rank,
+                     world_size=world_size, local_batch=local_batch, seed=seed, drop_last=drop_last,
+                     workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256))

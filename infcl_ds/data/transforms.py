@@ -1,0 +1,37 @@
+"""open_clip's image transforms, stopped before the float conversion.
+
+The PIL steps (resize, crop, RandomResizedCrop, RGB conversion) are taken from open_clip's own
+`image_transform`, so the pixels are exactly OpenCLIP's; only its last two steps (ToTensor,
+Normalize) are replaced by a uint8 tensor conversion, and `batch.normalize` redoes them later on
+the device.
+"""
+import numpy as np
+import torch
+from open_clip.transform import image_transform
+from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
+
+
+def uint8_image_transform(image_size: int, augment: bool) -> Compose:
+    """PIL image -> uint8 [3, H, W]: open_clip's train transform (RandomResizedCrop with
+    scale (0.9, 1.0), bicubic) when `augment`, else its val transform (bicubic resize of the
+    shortest side, center crop)."""
+    steps = image_transform(image_size, is_train=augment).transforms
+    # open_clip ends every (non-timm) pipeline with ToTensor then Normalize; fail loudly if a
+    # future version adds float-domain steps that this split would silently drop.
+    if not (isinstance(steps[-2], ToTensor) and isinstance(steps[-1], Normalize)):
+        raise RuntimeError(f"unexpected open_clip transform tail: {steps[-2:]}")
+    return Compose([*steps[:-2], PILToTensor()])
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed for one sample's augmentation, a pure function of (seed, epoch, index):
+    the crop of a sample does not depend on which worker decodes it or on a resume."""
+    return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, np.uint64)[0])
+
+
+def apply_seeded(transform, image, seed: int) -> torch.Tensor:
+    """Run `transform` (whose randomness is torch's global CPU generator, as torchvision's)
+    under `seed`, restoring the caller's generator state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return transform(image)

@@ -1,0 +1,70 @@
+"""WebDataset tar shards (img2dataset layout: {key}.jpg/png/webp, {key}.txt, optional .cls/.json)
+as a random-access source."""
+import glob
+from pathlib import Path
+from typing import List, Sequence, Union
+
+import braceexpand
+
+from .errors import DataError
+from .samples import Sample, decode_caption, decode_image, parse_label
+from .tar_index import IMAGE, LABEL, TEXT, TarIndex
+
+ShardSpec = Union[str, Path, Sequence[Union[str, Path]]]
+
+
+def expand_shards(spec: ShardSpec) -> List[Path]:
+    """A shard spec -> existing tar files, in order. The spec is a directory (its *.tar, sorted),
+    a brace pattern ("dir/shard-{000000..000009}.tar"), a glob ("dir/*.tar"), a file, or a
+    list of files. Anything missing or empty is a DataError naming it."""
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise DataError("empty shard list")
+        return [_existing_file(p) for p in spec]
+    spec = str(spec)
+    if Path(spec).is_dir():
+        shards = sorted(Path(spec).glob("*.tar"))
+        if not shards:
+            raise DataError(f"no *.tar shards in directory {spec}")
+        return shards
+    paths = [p for pattern in braceexpand.braceexpand(spec) for p in _glob_or_self(pattern)]
+    if not paths:
+        raise DataError(f"shard pattern {spec} matches no file")
+    return [_existing_file(p) for p in paths]
+
+
+def _glob_or_self(pattern: str) -> List[str]:
+    return sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+
+
+def _existing_file(path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"shard {path} does not exist (local files only: random access needs them)")
+    return path
+
+
+class TarSource:
+    """Samples of WebDataset shards, read by index through a `TarIndex`."""
+
+    def __init__(self, shards: ShardSpec):
+        self.index = TarIndex(expand_shards(shards))
+        if len(self.index) == 0:
+            raise DataError(f"no samples in shards {shards}")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def load(self, index: int, with_label: bool = False) -> Sample:
+        roles = (IMAGE, TEXT, LABEL) if with_label else (IMAGE, TEXT)
+        data = self.index.read(index, roles)
+        caption = decode_caption(data[1])  # before the image: a cheaper reason to skip
+        label = parse_label(data[2]) if with_label else None
+        return Sample(decode_image(data[0]), caption, label)
+
+    def require_labels(self) -> None:
+        """DataError naming the first shard with a sample lacking a .cls/.json member."""
+        missing = (self.index.spans[:, LABEL, 0] < 0).nonzero()[0]
+        if len(missing):
+            raise DataError(f"shard {self.index.shard_of(int(missing[0]))} has samples without a "
+                            ".cls or .json label member")
