@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ..loss import contrastive_loss
+from .grad_sum import Fp32GradSum
+from .inputs import TensorBatch
+from .phases import PhaseMeter
 
 
 def _rng_state(device):
@@ -36,9 +39,20 @@ class ContrastiveEngine:
     (``encode_image``, ``encode_text``, ``logit_scale``)."""
 
     def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
-                 verify_replay: bool = False):
+                 verify_replay: bool = False, offload_features: bool = False, grad_accum_fp32: bool = True,
+                 loss_fn=None, profile: bool = False):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.engine = ds_engine
         self.chunk_size = chunk_size
+        # Cached features and their gradients wait in pinned host memory during the encoder
+        # passes (the paper's setting for its largest batches); on the GPU only for the loss.
+        self.offload_features = offload_features
+        self.grad_accum_fp32 = grad_accum_fp32
+        # The global loss: the ring by default; benchmarks swap in inf-cl's or OpenCLIP's.
+        self.loss_fn = loss_fn or contrastive_loss
+        # Per-phase time and peak memory of the last step (off: no synchronisation).
+        self.phases = PhaseMeter(enabled=profile)
         # Debug aid: check that each re-encoded chunk reproduces its cached features (dropout,
         # random augmentation replayed); a mismatch means the cached gradients are stale.
         self.verify_replay = verify_replay
@@ -50,14 +64,15 @@ class ContrastiveEngine:
 
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
-               **ds_kwargs):
+               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, build the engine, wrap it."""
         import deepspeed
 
         from .params import promote_scalar_parameters
         scalar_names = promote_scalar_parameters(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
-        wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay)
+        wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
+                      grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile)
         wrapped.scalar_parameter_names = scalar_names
         return wrapped
 
@@ -72,12 +87,13 @@ class ContrastiveEngine:
             raise RuntimeError(f"chunk {k}: re-encoding with grad differs from the cached features by {err:.2e}; "
                                "the model's randomness is not replayed by the saved RNG states")
 
-    def _full(self, param):
-        """The whole parameter inside the block (a no-op below ZeRO-3)."""
+    def _full(self, param, modify: bool = False):
+        """The whole parameter inside the block (a no-op below ZeRO-3); with ``modify``, rank
+        0's changes are written back to every shard on exit."""
         if self.engine.zero_optimization_stage() < 3:
             return nullcontext()
         import deepspeed
-        return deepspeed.zero.GatheredParameters([param])
+        return deepspeed.zero.GatheredParameters([param], modifier_rank=0 if modify else None)
 
     def _encode(self, images, texts):
         return (F.normalize(self.model.encode_image(images), dim=-1),
@@ -86,63 +102,119 @@ class ContrastiveEngine:
     def _chunks(self, n):
         return [(i, min(i + self.chunk_size, n)) for i in range(0, n, self.chunk_size)]
 
-    def backward(self, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
-        """Steps 1-3: gradients of the global loss on every parameter; returns the loss."""
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.engine.bfloat16_enabled() else torch.float32
+
+    def _store(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """A buffer for ``rows`` cached rows shaped like one chunk's features: on the device,
+        or in pinned host memory with offload_features (then on the GPU only for the loss)."""
+        if not self.offload_features:
+            return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, device=like.device)
+        return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, pin_memory=like.is_cuda)
+
+    def backward(self, images, texts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Steps 1-3: gradients of the global loss on every parameter; returns the loss.
+
+        ``images`` is a ChunkedBatch (e.g. infcl_ds.data.HostBatch) or, with ``texts``, the two
+        input tensors; inputs move to the device one chunk at a time, in both passes."""
+        batch = images if texts is None else TensorBatch(images, texts)
         device = next(self.model.parameters()).device
-        chunks = self._chunks(images.shape[0])
-        # 1. Features without grad; inputs move to the device one chunk at a time.
-        states, img_feats, txt_feats = [], [], []
+        chunks = self._chunks(len(batch))
+        with self.phases("encode"):
+            states, feats = self._encode_without_grad(batch, chunks, device)
+        after = _rng_state(device)
+        with self.phases("loss"):
+            loss, feat_grads, scale_grad = self._loss_and_feature_grads(feats, device)
+        cached = feats if self.verify_replay else None
+        del feats
+        with self.phases("reencode"):
+            self._reencode_with_grad(batch, chunks, states, feat_grads, scale_grad, device, cached)
+        _set_rng_state(after, device)
+        return loss
+
+    def _encode_without_grad(self, batch, chunks, device):
+        """1. Features of every chunk without grad, each chunk's RNG state saved for the replay."""
+        states, stores = [], None
         with torch.no_grad():
             for lo, hi in chunks:
                 states.append(_rng_state(device))
-                fi, ft = self._encode(images[lo:hi].to(device), texts[lo:hi].to(device))
-                img_feats.append(fi)
-                txt_feats.append(ft)
-        after = _rng_state(device)
-        # 2. Global loss -> gradients of the cached features and of the scale.
-        img_cache = torch.cat(img_feats).requires_grad_()
-        txt_cache = torch.cat(txt_feats).requires_grad_()
+                fi, ft = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                if stores is None:
+                    stores = (self._store(len(batch), fi), self._store(len(batch), ft))
+                stores[0][lo:hi].copy_(fi, non_blocking=True)
+                stores[1][lo:hi].copy_(ft, non_blocking=True)
+        return states, stores
+
+    def _loss_and_feature_grads(self, feats, device):
+        """2. The global loss over all ranks (the ring), backpropagated to the cached features
+        and the logit scale only. Feature gradients are scaled by W: DeepSpeed averages."""
+        img, txt = (f.to(device, non_blocking=True).requires_grad_() for f in feats)
         with self._full(self.model.logit_scale):  # ZeRO-3 holds only a shard outside forward
-            scale = self.model.logit_scale.detach().exp().clone().requires_grad_()
-        loss = contrastive_loss(img_cache, txt_cache, scale, self.group)
+            scale = self.model.logit_scale.detach().float().exp().clone().requires_grad_()
+        loss = self.loss_fn(img, txt, scale, self.group)
         loss.backward()
-        grad_img, grad_txt = img_cache.grad * self.world_size, txt_cache.grad * self.world_size
-        # 3. Re-encode with grad, one backward per chunk, one reduction per step.
+        grads = []
+        for f in (img, txt):
+            g = f.grad.mul_(self.world_size)
+            f.grad = None
+            grads.append(self._store(g.shape[0], g).copy_(g, non_blocking=True) if self.offload_features else g)
+        return loss.detach(), grads, scale.grad
+
+    def _reencode_with_grad(self, batch, chunks, states, feat_grads, scale_grad, device, cached):
+        """3. Re-encode each chunk with grad (RNG replayed) and backpropagate its cached feature
+        gradients; one gradient reduction per step, summed in fp32 for bf16 models."""
         stage = self.engine.zero_optimization_stage()
+        grad_sum = self._grad_sum()
         coalesce = self.engine.coalesce_grad_reduction() if stage >= 1 else nullcontext()
         with coalesce:
             for k, ((lo, hi), state) in enumerate(zip(chunks, states)):
                 _set_rng_state(state, device)
                 last = k == len(chunks) - 1
+                if grad_sum is not None and last:
+                    grad_sum.restore()
                 sync = nullcontext() if (stage >= 1 or last) else self.engine.no_sync()
                 with sync:
-                    fi, ft = self._encode(images[lo:hi].to(device), texts[lo:hi].to(device))
-                    if self.verify_replay:
-                        self._check_replay(k, fi, img_cache[lo:hi], ft, txt_cache[lo:hi])
-                    surrogate = (fi * grad_img[lo:hi]).sum() + (ft * grad_txt[lo:hi]).sum()
+                    fi, ft = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                    if cached is not None:
+                        self._check_replay(k, fi, cached[0][lo:hi].to(device), ft, cached[1][lo:hi].to(device))
+                    gi, gt = (g[lo:hi].to(device, non_blocking=True) for g in feat_grads)
+                    surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
                     if k == 0:  # d loss / d logit_scale = d loss / d s * s, counted once
                         with self._full(self.model.logit_scale):
-                            surrogate = surrogate + (self.model.logit_scale.exp() * scale.grad).sum()
+                            surrogate = surrogate + (self.model.logit_scale.float().exp() * scale_grad).sum()
                             self.engine.backward(surrogate, scale_wrt_gas=False)
                     else:
                         self.engine.backward(surrogate, scale_wrt_gas=False)
-        _set_rng_state(after, device)
-        return loss.detach()
+                if grad_sum is not None and not last:
+                    grad_sum.fold()
 
-    def train_step(self, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
+    def _grad_sum(self):
+        """fp32 sums of the chunk gradients for a bf16 model (ZeRO 0-2; see grad_sum.py)."""
+        if not (self.grad_accum_fp32 and self.engine.bfloat16_enabled()):
+            return None
+        if self.engine.zero_optimization_stage() >= 3:
+            # Between chunks a ZeRO-3 parameter holds only its shard, so a full-size sum cannot
+            # be put back on it: chunk gradients add in bf16 there (docs/training.md).
+            return None
+        return Fp32GradSum(self.model.parameters())
+
+    def train_step(self, images, texts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Steps 1-4: gradients, one optimizer step, and OpenCLIP's clamp of the logit scale
         to ln(100), applied to the fp32 master copy (else the next step would undo it)."""
         loss = self.backward(images, texts)
-        self.engine.step()
-        self._clamp_logit_scale(math.log(100.0))
+        with self.phases("step"):
+            self.engine.step()
+            self._clamp_logit_scale(math.log(100.0))
         return loss
 
     def _clamp_logit_scale(self, upper: float) -> None:
+        """Both copies: the fp32 master (else the next optimizer step writes the old value back)
+        and the working parameter (else the next forward still uses it)."""
         from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
         param = self.model.logit_scale
-        master = safe_get_full_fp32_param(param)
-        if master is None:  # no ZeRO optimizer: the parameter is its own master copy
-            with torch.no_grad():
-                param.clamp_(max=upper)
-        elif bool(master.max() > upper):
+        master = safe_get_full_fp32_param(param)  # None without a ZeRO optimizer
+        if master is not None and bool(master.max() > upper):
             safe_set_full_fp32_param(param, master.clamp(max=upper))
+        with self._full(param, modify=True), torch.no_grad():
+            param.clamp_(max=upper)
