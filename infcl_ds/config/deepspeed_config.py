@@ -1,0 +1,62 @@
+"""A recipe -> the DeepSpeed config, built on the JSON bases in ``ds_configs/``.
+
+How DeepSpeed's batch keys map onto ours (docs/training.md): the contrastive batch is
+``batch.global`` across all ranks; each rank holds ``global / world`` samples (the local
+batch) and encodes them ``batch.chunk`` at a time. The engine does the chunking itself and
+reduces gradients once per step, so DeepSpeed sees ``train_micro_batch_size_per_gpu = chunk``,
+``gradient_accumulation_steps = 1`` and ``train_batch_size = chunk * world``; those keys only
+satisfy DeepSpeed's arithmetic check and its throughput timer, they do not size anything.
+"""
+import copy
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+from .recipe import Recipe, RecipeError
+
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+
+
+def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def base_config(recipe: Recipe) -> Dict[str, Any]:
+    path = Path(recipe.zero.base_config) if recipe.zero.base_config else REPO_CONFIGS / f"zero{recipe.zero.stage}.json"
+    if not path.is_file():
+        raise RecipeError(f"recipe: zero.base_config {path} does not exist")
+    config = json.loads(path.read_text())
+    config.pop("_comment", None)
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage != recipe.zero.stage:
+        raise RecipeError(f"recipe: zero.stage={recipe.zero.stage} but {path} sets zero_optimization.stage={stage}")
+    return config
+
+
+def build_deepspeed_config(recipe: Recipe, world_size: int) -> Dict[str, Any]:
+    """The full DeepSpeed config for this recipe on ``world_size`` ranks."""
+    config = base_config(recipe)
+    bf16 = recipe.precision.dtype == "bf16"
+    ours = {
+        "train_micro_batch_size_per_gpu": recipe.batch.chunk,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": recipe.batch.chunk * world_size,
+        # Explicit: DeepSpeed 0.19.x would otherwise clip at 1.0, OpenCLIP clips nothing.
+        "gradient_clipping": recipe.optimizer.grad_clip,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,  # torch's AdamW (FusedAdam's JIT build fails on Hopper images)
+        "scheduler": {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": recipe.schedule.steps,
+            # DeepSpeed wants >= 1 warmup step; one step at lr/1 is no warmup at all.
+            "warmup_num_steps": max(1, recipe.schedule.warmup_steps),
+            "warmup_min_ratio": 0.0 if recipe.schedule.warmup_steps else 1.0,
+            "warmup_type": "linear",
+            "cos_min_ratio": recipe.schedule.min_lr_ratio}},
+    }
+    config = _merge(config, ours)
+    if not bf16:
+        config.pop("fp16", None)
+    return _merge(config, recipe.zero.overrides)
