@@ -1,35 +1,40 @@
-"""`infcl-ds`: the command-line entry point (one subcommand per job)."""
+"""`infcl-ds`: the command-line entry point (one subcommand per job, each in its own module)."""
+import importlib
 import sys
 
-USAGE = """usage: infcl-ds <command> [args]
+# command -> (module, function, one-line help)
+COMMANDS = {
+    "train": ("infcl_ds.train", "main", "train a CLIP from a recipe (also: deepspeed --module infcl_ds.train)"),
+    "eval": ("infcl_ds.eval.cli", "main", "zero-shot and retrieval evaluation of a checkpoint"),
+    "export": ("infcl_ds.export", "main", "write an open_clip state dict from a checkpoint"),
+    "plan": ("infcl_ds.plan.cli", "main", "per-GPU and host memory, step time and a verdict for a recipe"),
+    "data digits": ("infcl_ds.data.digits", "main", "image-caption shards from scikit-learn's digits (no download)"),
+    "demo": ("infcl_ds.demo", "main", "train-free CPU demo of the loss: exactness and memory against full logits"),
+    "bench loss": ("infcl_ds.bench.loss", "main", "benchmark the loss kernels against full logits and inf-cl (GPU)"),
+    "bench ring": ("infcl_ds.bench.ring", "main", "benchmark the ring across this host's GPUs against inf-cl and OpenCLIP"),
+    "bench train": ("infcl_ds.bench.train", "main", "benchmark engine steps (ViT-B-16) against inf-cl's loss (GPU)"),
+}
 
-commands:
-  demo            train-free CPU demo of the loss: exactness and memory against full logits
-  bench loss      benchmark the loss kernels against full logits and inf-cl (GPU)
-  bench ring      benchmark the ring across this host's GPUs against inf-cl and OpenCLIP
-"""
+
+def usage() -> str:
+    lines = ["usage: infcl-ds <command> [args]   (infcl-ds <command> --help for its options)", "", "commands:"]
+    lines += [f"  {name:<13} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return "\n".join(lines)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from .demo import main as demo
-        return demo(rest)
-    if cmd == "bench":
-        if not rest or rest[0] not in ("loss", "ring"):
-            print("usage: infcl-ds bench {loss,ring} [args]  (see --help)", file=sys.stderr)
-            return 2
-        if rest[0] == "loss":
-            from .bench.loss import main as bench_main
-        else:
-            from .bench.ring import main as bench_main
-        bench_main(rest[1:])
-        return 0
-    print(f"infcl-ds: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    # Two-word commands first ("bench loss"), then one word.
+    for words in (2, 1):
+        name = " ".join(argv[:words])
+        if name in COMMANDS:
+            module, function, _ = COMMANDS[name]
+            result = getattr(importlib.import_module(module), function)(argv[words:])
+            return int(result or 0)
+    print(f"infcl-ds: unknown command {' '.join(argv[:2])!r}\n\n{usage()}", file=sys.stderr)
     return 2
 
 

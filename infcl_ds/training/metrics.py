@@ -1,0 +1,130 @@
+"""Metrics a person can follow: a progress bar, a CSV, TensorBoard, and a PNG at the end.
+
+Only rank 0 writes. On resume the CSV keeps the rows up to the checkpoint's step and drops
+the ones a killed run logged after it, so the file reads as one uninterrupted run.
+"""
+import csv
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped"]
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak device memory on GPUs; the process's peak resident set on CPUs."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.csv"
+        self.extra_path = Path(run_dir) / "eval.csv"
+        self.writer = None
+        if not enabled:
+            return
+        self._truncate_after(self.path, resume_step)
+        self._truncate_after(self.extra_path, resume_step)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1)
+
+    @staticmethod
+    def _truncate_after(path: Path, step: int) -> None:
+        if not path.is_file():
+            return
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            return
+        with open(path, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            out.writeheader()
+            out.writerows(r for r in rows if int(r["step"]) <= step)
+
+    def _append(self, path: Path, row: Dict) -> None:
+        new = not path.is_file()
+        with open(path, "a", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(row.keys()))
+            if new:
+                out.writeheader()
+            out.writerow(row)
+
+    def log_step(self, row: Dict) -> None:
+        if not self.enabled:
+            return
+        self._append(self.path, {k: row.get(k, "") for k in COLUMNS})
+        if self.writer is not None:
+            for key in COLUMNS[2:]:
+                if row.get(key) not in (None, ""):
+                    self.writer.add_scalar(f"train/{key}", float(row[key]), row["step"])
+
+    def log_eval(self, step: int, results: Dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self._append(self.extra_path, {"step": step, **results})
+        if self.writer is not None:
+            for key, value in results.items():
+                self.writer.add_scalar(f"eval/{key}", value, step)
+
+    def close(self) -> Optional[Path]:
+        """Flush TensorBoard and draw the curves; returns the PNG's path (rank 0)."""
+        if not self.enabled:
+            return None
+        if self.writer is not None:
+            self.writer.close()
+        return plot_metrics(self.path.parent)
+
+
+def plot_metrics(run_dir: Path) -> Optional[Path]:
+    """metrics.csv (and eval.csv) -> metrics.png: loss, logit scale, lr, throughput, eval."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.csv").is_file():
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    evals = []
+    if (run_dir / "eval.csv").is_file():
+        with open(run_dir / "eval.csv", newline="") as f:
+            evals = list(csv.DictReader(f))
+    panels = [("loss", "loss"), ("logit_scale", "logit scale (exp)"), ("lr", "learning rate"),
+              ("samples_per_s", "samples / s")]
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * (len(panels) + 1), 3.2))
+    steps = [int(r["step"]) for r in rows]
+    for ax, (key, title) in zip(axes, panels):
+        ax.plot(steps, [float(r[key]) if r[key] else float("nan") for r in rows])
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    ax = axes[-1]
+    for key in [k for k in (evals[0].keys() if evals else []) if k != "step"]:
+        ax.plot([int(r["step"]) for r in evals], [float(r[key]) for r in evals], marker="o", label=key)
+    ax.set_title("evaluation")
+    ax.set_xlabel("step")
+    if evals:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = run_dir / "metrics.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+class Throughput:
+    """Samples per second over the last step."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.start = now - self.start, now
+        return elapsed

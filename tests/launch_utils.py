@@ -1,0 +1,33 @@
+"""Start `python -m infcl_ds.train` on N ranks of this machine (127.0.0.1), as a launcher would."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from infcl_ds.bench.common import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "ds_configs" / "recipes" / "tiny-cpu.yaml"
+# The tiny recipe on synthetic data: seconds per run on two cores.
+SYNTHETIC = ["model.name=infcl-tiny", "data.source=synthetic", "data.synthetic_size=64", "data.eval=null",
+             "data.workers=0", "batch.global=16", "batch.chunk=4", "schedule.warmup_steps=1",
+             "logging.progress=false", "logging.tensorboard=false", "eval.every=0"]
+
+
+def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir: Path = None) -> List[subprocess.Popen]:
+    port = free_port()
+    args = [sys.executable, "-m", "infcl_ds.train", "--config", str(TINY)]
+    for item in SYNTHETIC + list(overrides):
+        args += ["--set", item]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        out = open(log_dir / f"rank{rank}.log", "ab") if log_dir else subprocess.DEVNULL
+        procs.append(subprocess.Popen(args + list(extra), env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs, timeout=300) -> List[int]:
+    return [p.wait(timeout=timeout) for p in procs]
