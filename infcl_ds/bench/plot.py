@@ -87,3 +87,42 @@ def plot_ring(json_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+
+
+def plot_train(json_path: Path, png_path: Path) -> None:
+    """Engine steps: samples/s and per-phase time against the global batch, per impl; peak
+    memory per GPU against the local batch (the slope is the per-sample cost)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(json_path).read_text())
+    rows = [r for r in data["rows"] if r.get("status") == "measured"]
+    colors = {"infcl_ds": "tab:blue", "open_clip": "tab:orange", "inf_cl": "tab:red"}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for impl, color in colors.items():
+        pts = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["B"])
+        if not pts:
+            continue
+        axes[0].plot([r["B"] for r in pts], [r["samples_per_s"] for r in pts], "-o", color=color, label=impl)
+        axes[1].plot([r["B"] for r in pts], [r["loss_share"] for r in pts], "-o", color=color, label=impl)
+        mem = [r for r in pts if r.get("peak_mib_max")]
+        axes[2].plot([r["local"] for r in mem], [r["peak_mib_max"] / 1024 for r in mem], "-o", color=color, label=impl)
+        plan = [r for r in mem if r.get("plan_peak_mib")]
+        if plan:
+            axes[2].plot([r["local"] for r in plan], [r["plan_peak_mib"] / 1024 for r in plan], "x--", color=color,
+                         label=f"{impl} (planner)")
+    titles = ("samples / s (whole step)", "loss (+ ring) share of the step", "peak memory per GPU (GiB)")
+    xlabels = ("global batch", "global batch", "local batch")
+    for ax, title, xlabel in zip(axes, titles, xlabels):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_xscale("log", base=2)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    meta = data["meta"]
+    fig.suptitle(f"{meta.get('model', '')} engine steps, {meta.get('world', '?')} x {meta.get('device', '')}, "
+                 f"chunk {meta.get('chunk', '?')}, ZeRO-{meta.get('zero', '?')}, commit {meta.get('commit', '')}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)

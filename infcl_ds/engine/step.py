@@ -203,7 +203,7 @@ class ContrastiveEngine:
         """Steps 1-4: gradients, one optimizer step, and OpenCLIP's clamp of the logit scale
         to ln(100), applied to the fp32 master copy (else the next step would undo it)."""
         loss = self.backward(images, texts)
-        with self.phases("step"):
+        with self.phases("optimizer"):
             self.engine.step()
             self._clamp_logit_scale(math.log(100.0))
         return loss

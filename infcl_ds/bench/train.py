@@ -1,0 +1,237 @@
+"""`infcl-ds bench train`: whole engine steps of an open_clip model (ViT-B-16 at 224 px by
+default) across this host's GPUs, with this project's loss, inf-cl's, or OpenCLIP's
+local-loss + gather (full logits per rank, where it fits) swapped into the same engine.
+
+Per row: step time, samples/s, time and peak memory per phase (encode without grad, loss,
+re-encode with grad, optimizer step), the loss+ring share of the step, the planner's
+prediction where available. Inputs are uint8 images and token ids in pinned host memory,
+moved to the GPU one chunk at a time as in training; a pool of distinct samples is cycled,
+so host memory stays bounded at any batch (the per-chunk transfer is what is measured).
+The slope of peak memory against the local batch is written to the JSON's meta.
+
+Each impl is best run as its own command under 10 minutes; ``--append`` merges rows into
+the JSON of an earlier command of the same commit and device.
+"""
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .common import free_port, is_oom, run_identity, write_rows
+from .loss import parse_sizes
+
+
+class CyclingHostBatch:
+    """A local batch of ``n`` samples drawn cyclically from a pinned host pool (chunk API)."""
+
+    def __init__(self, n, pool_images, pool_texts):
+        from ..data import HostBatch
+        self.n, self.pool = n, HostBatch(pool_images, pool_texts)
+
+    def __len__(self):
+        return self.n
+
+    def chunk(self, lo, hi, device, dtype):
+        start = lo % len(self.pool)
+        return self.pool.chunk(start, start + (hi - lo), device, dtype)
+
+
+def _loss_fn(impl, rank, world):
+    from ..loss import contrastive_loss
+    if impl == "infcl_ds":
+        return contrastive_loss
+    if impl == "inf_cl":  # as its training code calls it: once per direction, over the world
+        from inf_cl import cal_inf_loss
+        # inf-cl computes in fp32 only: the bf16 features are cast, as its users must.
+        return lambda i, t, s, group: (cal_inf_loss(s * i.float(), t.float()) + cal_inf_loss(s * t.float(), i.float())) / 2
+    if impl == "open_clip":
+        from open_clip.loss import ClipLoss
+        fn = ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world)
+        return lambda i, t, s, group: fn(i, t, s.to(i.dtype))
+    raise ValueError(f"unknown impl {impl!r}")
+
+
+def _engine(args, impl, rank, world, device):
+    from ..config import build_deepspeed_config
+    from ..engine import ContrastiveEngine
+    from ..engine.optim import clip_param_groups
+    from ..models import create_model
+    recipe = _recipe(args, world, args_batch=parse_sizes(args.batch)[0])
+    model = create_model(args.model).to(device)
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(clip_param_groups(model), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, **fused)
+    return ContrastiveEngine.create(model, build_deepspeed_config(recipe, world), args.chunk, optimizer=optimizer,
+                                    loss_fn=_loss_fn(impl, rank, world), profile=True,
+                                    offload_features=args.offload_features)
+
+
+def _recipe(args, world, args_batch):
+    from ..config import load_recipe
+    return load_recipe(None, [f"model.name={args.model}", f"batch.global={args_batch}", f"batch.chunk={args.chunk}",
+                              f"zero.stage={args.zero}", "precision.dtype=bf16",
+                              f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
+                              f"batch.offload_features={str(args.offload_features).lower()}"])
+
+
+def _predicted_peak_mib(args, B, world):
+    """The planner's per-GPU peak for this configuration (None if it cannot say)."""
+    from ..plan import make_plan
+    total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 80 * 2**30
+    try:
+        plan = make_plan(_recipe(args, world, B), world, total, gpus_per_node=world)
+    except ValueError as err:  # PlanError: e.g. no rates for this model
+        print(f"planner: {err}", flush=True)
+        return None
+    return plan.peak_gpu_bytes / 2**20
+
+
+def _pool(args, info, device):
+    size = info["image_size"]
+    n = max(args.chunk, args.pool // args.chunk * args.chunk)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
+    texts = torch.randint(1, 49407, (n, info["context_length"]), generator=g)
+    if device.type == "cuda":
+        images, texts = images.pin_memory(), texts.pin_memory()
+    return images, texts
+
+
+def _timed_steps(step_engine, batch, steps, device):
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = step_engine.train_step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times), float(loss)
+
+
+def _worker(rank, world, args, port, ident):
+    import deepspeed
+    import torch.distributed as torch_dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False)
+    from ..models import model_info
+
+    def group_max(x):
+        t = torch.tensor(float(x or 0.0), device=device)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        return t.item()
+
+    out = Path(args.out)
+    rows, meta = [], dict(ident, world=world, argv=args.argv, model=args.model, chunk=args.chunk, zero=args.zero)
+    if args.append and out.is_file():
+        old = json.loads(out.read_text())
+        rows = [r for r in old["rows"] if r.get("impl") not in args.impl.split(",")]
+        meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}, "argv_" + args.impl: args.argv}
+    for impl in args.impl.split(","):
+        step_engine = _engine(args, impl, rank, world, device)
+        info = model_info(step_engine.model)
+        pool = _pool(args, info, device)
+        # Warm-up at two chunks: kernels compiled, tiles tuned, allocator primed.
+        _timed_steps(step_engine, CyclingHostBatch(2 * args.chunk, *pool), 1, device)
+        for B in parse_sizes(args.batch):
+            local = B // world
+            row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
+                   "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "status": "measured"}
+            if impl == "open_clip" and B > parse_sizes(args.open_clip_max_batch)[0]:
+                # Its B/W x B logits per rank: 64 GiB in bf16 at 256k on 2 GPUs, before softmax.
+                row.update(ident, status="not run: full logits exceed GPU memory")
+                rows.append(row)
+                continue
+            try:
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                seconds, loss = _timed_steps(step_engine, CyclingHostBatch(local, *pool), args.steps, device)
+                phases = step_engine.phases.last
+                row.update(step_s=group_max(seconds), loss=loss, samples_per_s=B / group_max(seconds),
+                           **{f"{k}_s": group_max(v["s"]) for k, v in phases.items()},
+                           peak_mib={k: group_max(v["peak_mib"]) for k, v in phases.items()} if cuda else None)
+                row["loss_share"] = row["loss_s"] / row["step_s"]
+                row["peak_mib_max"] = max(row["peak_mib"].values()) if cuda else None
+                row["plan_peak_mib"] = _predicted_peak_mib(args, B, world) if impl == "infcl_ds" else None
+            except Exception as err:  # noqa: BLE001
+                if not is_oom(err):
+                    raise
+                row["status"] = "out of memory"
+                group_max(0)
+            row.update(ident)
+            rows.append(row)
+            if rank == 0:
+                print(_fmt(row), flush=True)
+                meta["memory_slope"] = _memory_slope(rows)
+                write_rows(out, rows, meta)
+        del step_engine
+        if cuda:
+            torch.cuda.empty_cache()
+    if rank == 0:
+        from .plot import plot_train
+        plot_train(out, out.with_suffix(".png"))
+    torch_dist.barrier()
+
+
+def _memory_slope(rows):
+    """Least-squares slope of the peak against the local batch (bytes per sample), per impl,
+    against the bound 24 D bytes per sample (bf16 features and their gradients, ring blocks)."""
+    out = {}
+    for impl in {r["impl"] for r in rows}:
+        pts = [(r["local"], r["peak_mib_max"] * 2**20) for r in rows
+               if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"]
+        if len(pts) < 2:
+            continue
+        mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        D = next(r["D"] for r in rows if r["impl"] == impl)
+        out[impl] = {"bytes_per_sample": slope, "bound_24D": 24 * D, "points": len(pts)}
+    return out
+
+
+def _fmt(row):
+    if row["status"] != "measured":
+        return f"{row['impl']:10s} B={row['B']:>8d} {row['status']}"
+    peak = row["peak_mib_max"]
+    return (f"{row['impl']:10s} B={row['B']:>8d} step={row['step_s']:8.2f}s samples/s={row['samples_per_s']:8.0f} "
+            f"loss share={row['loss_share']:.3f} encode={row['encode_s']:.2f}s loss={row['loss_s']:.2f}s "
+            f"reencode={row['reencode_s']:.2f}s optimizer={row['optimizer_s']:.2f}s peak={'-' if peak is None else f'{peak:.0f}'}MiB"
+            + (f" plan={row['plan_peak_mib']:.0f}MiB" if row.get("plan_peak_mib") else ""))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="infcl-ds bench train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="ViT-B-16")
+    p.add_argument("--batch", default="64k,256k", help="global batch sizes")
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--zero", type=int, default=2)
+    p.add_argument("--impl", default="infcl_ds", help="comma list of infcl_ds, inf_cl, open_clip")
+    p.add_argument("--open-clip-max-batch", default="64k", help="largest B for OpenCLIP's full logits")
+    p.add_argument("--steps", type=int, default=1, help="timed steps per row (the fastest is kept)")
+    p.add_argument("--pool", type=int, default=4096, help="distinct host samples cycled through")
+    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--offload-features", action="store_true")
+    p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
+    p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")
+    p.add_argument("--out", default="docs/benchmarks/train.json")
+    args = p.parse_args(argv)
+    args.argv = argv
+    world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    import torch.multiprocessing as mp
+    mp.spawn(_worker, args=(world, args, free_port(), run_identity()), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()
