@@ -1,0 +1,50 @@
+"""``infcl-ds eval --checkpoint DIR --data SPLIT_DIR [--tag TAG] [--batch-size N] [--out FILE]``:
+zero-shot and retrieval metrics of a training checkpoint on an eval split."""
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..export import load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
+from ..models import create_model, get_tokenizer, model_info
+from . import evaluate
+
+
+def _label(metric: str) -> str:
+    """The printed name of a metric: zeroshot_top1 -> zero-shot top-1, image_to_text_R@5 -> image->text R@5."""
+    if metric.startswith("zeroshot_top"):
+        return "zero-shot top-" + metric[len("zeroshot_top"):]
+    return metric.replace("_to_", "->").replace("_R@", " R@")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="infcl-ds eval", description=__doc__.split("\n", 1)[1].strip())
+    parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
+    parser.add_argument("--data", required=True, help="eval split directory")
+    parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--out", default=None, help="also write the metrics to this JSON file")
+    args = parser.parse_args(argv)
+
+    from ..data import build_eval_data  # the data pipeline's heavier imports only for this command
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
+    name = run_model_name(tag_dir)
+    model = create_model(name)
+    model.load_state_dict(load_state_dict_from_checkpoint(tag_dir), strict=True)
+    model.to(device)
+    tokenizer = get_tokenizer(name)
+    info = model_info(model)
+    data = build_eval_data(args.data, image_size=info["image_size"], tokenizer=tokenizer, batch_size=args.batch_size,
+                           mean=info["mean"], std=info["std"])
+    metrics = evaluate(model, data, tokenizer, device)
+
+    print(f"{name} at {tag_dir} on {args.data}")
+    for metric, value in metrics.items():
+        print(f"{_label(metric)}: {value:.4f}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"model": name, "checkpoint": str(tag_dir), "data": str(args.data),
+                                              "metrics": metrics}, indent=2) + "\n")
+    return 0

@@ -1,0 +1,112 @@
+"""Turn a training run's DeepSpeed checkpoint into a plain open_clip state dict.
+
+A run directory holds ``recipe.yaml`` (the model name at ``model: {name: ...}``) and
+``checkpoints/<tag>/`` written by ``engine.save_checkpoint(RUN / "checkpoints", tag=...)``,
+with ``checkpoints/latest`` naming the newest tag. Inside DeepSpeed the 0-dim parameters
+(``logit_scale``) have shape [1] (``engine/params.py``); the export gives them back
+open_clip's shapes, so ``open_clip.create_model(name).load_state_dict(sd, strict=True)`` works.
+
+Checkpoints are read with ``weights_only=False`` (DeepSpeed pickles its config in them):
+load only checkpoints you trust.
+"""
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from .models import create_model, state_dict_shapes
+
+CHECKPOINTS = "checkpoints"
+RECIPE = "recipe.yaml"
+
+
+def resolve_tag_dir(checkpoint_dir, tag: Optional[str] = None) -> Path:
+    """The ``<tag>`` directory from RUN/, RUN/checkpoints or RUN/checkpoints/<tag>;
+    without ``tag``, the one named by ``latest``."""
+    path = Path(checkpoint_dir)
+    if (path / CHECKPOINTS).is_dir():
+        path = path / CHECKPOINTS
+    if any(path.glob("*model_states.pt")):  # already a tag directory
+        if tag is not None and tag != path.name:
+            raise ValueError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
+        return path
+    if tag is None:
+        latest = path / "latest"
+        if not latest.is_file():
+            raise FileNotFoundError(f"no checkpoint tag in {path} and no 'latest' file naming one")
+        tag = latest.read_text().strip()
+    if not (path / tag).is_dir():
+        raise FileNotFoundError(f"no checkpoint {tag!r} in {path}")
+    return path / tag
+
+
+def run_model_name(checkpoint_dir) -> str:
+    """The model name in the run's recipe (``model: {name: ...}`` in RUN/recipe.yaml)."""
+    import yaml
+    path = Path(checkpoint_dir).resolve()
+    for run_dir in (path, path.parent, path.parent.parent):
+        if (run_dir / RECIPE).is_file():
+            recipe = yaml.safe_load((run_dir / RECIPE).read_text())
+            return recipe["model"]["name"]
+    raise FileNotFoundError(f"no {RECIPE} in {path} or the two directories above it")
+
+
+def _raw_state_dict(tag_dir: Path) -> Dict[str, torch.Tensor]:
+    """The checkpoint's weights as DeepSpeed holds them, in fp32."""
+    if any(tag_dir.glob("zero_pp_rank_*_optim_states.pt")):
+        # ZeRO 1-3: the fp32 master weights are partitioned over the optimizer states.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        with contextlib.redirect_stdout(sys.stderr):  # its progress chatter stays off stdout
+            state_dict = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    else:
+        # ZeRO 0: the whole module, in the training dtype, is in the model states.
+        states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        state_dict = states["module"]
+    return {key: value.float() for key, value in state_dict.items()}
+
+
+def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """The fp32 state dict of a checkpoint (see ``resolve_tag_dir``), in the shapes of the
+    run's open_clip model: a tensor whose element count matches a fresh model's entry is
+    reshaped to it, which undoes DeepSpeed's [1]-shaped scalars."""
+    tag_dir = resolve_tag_dir(checkpoint_dir, tag)
+    shapes = state_dict_shapes(run_model_name(tag_dir))
+    state_dict = {}
+    for key, value in _raw_state_dict(tag_dir).items():
+        shape = shapes.get(key)
+        state_dict[key] = value.reshape(shape) if shape is not None and shape.numel() == value.numel() else value
+    return state_dict
+
+
+def export(checkpoint_dir, out_path, tag: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it."""
+    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state_dict, out_path)
+    return state_dict
+
+
+def load_exported(path, name: str) -> torch.nn.Module:
+    """The ``name`` open_clip model with an exported state dict loaded (strict), in eval mode."""
+    model = create_model(name)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    return model.eval()
+
+
+def main(argv=None) -> int:
+    """``infcl-ds export --checkpoint DIR --out model.pt [--tag TAG]``."""
+    parser = argparse.ArgumentParser(prog="infcl-ds export",
+                                     description="DeepSpeed checkpoint -> open_clip state dict (torch.save)")
+    parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
+    parser.add_argument("--out", required=True, help="output file, e.g. model.pt")
+    parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
+    args = parser.parse_args(argv)
+    tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
+    state_dict = export(tag_dir, args.out)
+    params = sum(value.numel() for value in state_dict.values())
+    print(f"exported {run_model_name(tag_dir)} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}")
+    return 0

@@ -1,0 +1,58 @@
+"""The models the trainer builds: open_clip's architectures plus the tiny ones shipped in
+``model_configs/`` (CPU tests and the quickstart). Models are always created from scratch
+(``pretrained=None``), so nothing is ever downloaded."""
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "model_configs"
+
+
+def register_tiny_configs() -> None:
+    """Make open_clip know the configs in ``model_configs/``; a no-op once they are known
+    (``add_model_config`` would otherwise grow open_clip's search path on every call)."""
+    import open_clip
+    shipped = {path.stem for path in CONFIG_DIR.glob("*.json")}
+    if not shipped <= set(open_clip.list_models()):
+        open_clip.add_model_config(CONFIG_DIR)
+
+
+def create_model(name: str, *, seed: Optional[int] = None) -> torch.nn.Module:
+    """A randomly initialised open_clip model, in fp32 on the CPU. With ``seed`` the
+    initialisation is reproducible and the caller's global RNG state is left untouched."""
+    import open_clip
+    register_tiny_configs()
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        # pretrained_text=False: an HF text tower would otherwise fetch its base weights.
+        return open_clip.create_model(name, pretrained=None, pretrained_text=False)
+
+
+def state_dict_shapes(name: str) -> Dict[str, torch.Size]:
+    """The shape of every state-dict entry of a fresh ``name`` model, built on the meta
+    device: no memory and no initialisation cost, even for the largest architectures."""
+    import open_clip
+    register_tiny_configs()
+    with torch.device("meta"):
+        model = open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta")
+    return {key: value.shape for key, value in model.state_dict().items()}
+
+
+def model_info(model: torch.nn.Module) -> dict:
+    """What the data pipeline needs to feed ``model``: square image size, normalisation,
+    token context length, and the width of the joint embedding."""
+    preprocess = model.visual.preprocess_cfg
+    height, width = (preprocess["size"],) * 2 if isinstance(preprocess["size"], int) else preprocess["size"]
+    if height != width:
+        raise ValueError(f"only square image sizes are supported, got {preprocess['size']}")
+    return {"image_size": int(height), "mean": tuple(preprocess["mean"]), "std": tuple(preprocess["std"]),
+            "context_length": int(model.context_length), "embed_dim": int(model.visual.output_dim)}
+
+
+def get_tokenizer(name: str):
+    """open_clip's tokenizer for ``name``, padding/truncating to its config's context length."""
+    import open_clip
+    register_tiny_configs()
+    return open_clip.get_tokenizer(name)
