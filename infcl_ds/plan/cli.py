@@ -1,0 +1,127 @@
+"""`infcl-ds plan`: check a recipe against the GPUs it will run on, before launching it.
+
+    infcl-ds plan --config RECIPE [--gpus N | --hostfile F [--include S] [--exclude S]
+                  [--num_nodes N] [--num_gpus N]] [--gpu-memory 80GiB] [--host-memory 2TiB] [--set k=v ...]
+    infcl-ds plan --scaling [--batch 4M,12M] [--dim 768]
+
+Exit status: 0 the recipe fits, 1 it does not (the verdict says why and what would), 2 it is
+refused (invalid recipe, a batch that does not split over the GPUs, an unsupported model).
+The world comes from --gpus, else from the hostfile as DeepSpeed's launcher reads it (same
+--include/--exclude/--num_nodes/--num_gpus), else from --num_gpus, else from a recipe file
+named like `*-32gpu.yaml`.
+"""
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+from ..config import RecipeError, load_recipe
+from .errors import PlanError
+from .plan import make_plan
+from .report import render_plan, render_scaling
+from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, ring_scaling_table
+
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+          "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024' (bytes)."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 80GiB, 141GB, 2TiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_count(text: str) -> int:
+    """'4M' -> 4194304, '256k' -> 262144, '1000' -> 1000 (powers of two, as the benchmarks)."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (e.g. 4M, 256k, 1000)")
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
+
+
+def hostfile_world(hostfile: str, include: str, exclude: str, num_nodes: int, num_gpus: int) -> Tuple[int, int]:
+    """(ranks, ranks per node) of a launch, resolved by DeepSpeed's own launcher code."""
+    from deepspeed.launcher.runner import apply_num_nodes_and_gpus, fetch_hostfile, parse_inclusion_exclusion
+    try:
+        pool = fetch_hostfile(hostfile)
+        if not pool:
+            raise ValueError("no such file")
+        active = apply_num_nodes_and_gpus(parse_inclusion_exclusion(pool, include, exclude), num_nodes, num_gpus)
+    except ValueError as err:  # DeepSpeed's own messages: bad entries, unknown hosts in --include
+        raise PlanError(f"plan: hostfile {hostfile}: {err}") from err
+    slots = [len(s) for s in active.values()]
+    return sum(slots), max(slots)
+
+
+def _world(args) -> Tuple[int, Optional[int]]:
+    """(gpus, gpus per node from the hostfile or None)."""
+    if args.gpus:
+        return args.gpus, None
+    if args.hostfile:
+        return hostfile_world(args.hostfile, args.include, args.exclude, args.num_nodes, args.num_gpus)
+    if args.num_gpus > 0:
+        return args.num_gpus, None
+    named = re.search(r"-(\d+)gpus?$", Path(args.config).stem)
+    if named:
+        return int(named.group(1)), None
+    raise PlanError("plan: say how many GPUs: --gpus N, --hostfile F or --num_gpus N")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="infcl-ds plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="recipe YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe override, as for training (repeatable)")
+    p.add_argument("--gpus", type=int, default=0, help="data-parallel ranks (default: from the hostfile)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory", type=parse_size, default=parse_size("80GiB"), help="per GPU (default 80GiB)")
+    p.add_argument("--host-memory", type=parse_size, default=None,
+                   help="per node (default: 2TiB, reported as assumed)")
+    p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
+    p.add_argument("--encoder-tflops", type=float, default=DEFAULT_ENCODER_TFLOPS,
+                   help="assumed sustained encoder rate per GPU, bf16")
+    p.add_argument("--max-step-time", type=float, default=None, metavar="SECONDS",
+                   help="a step-time budget, weighed as a third limit")
+    p.add_argument("--rates", default=None, help="loss.json of `infcl-ds bench loss` (default: docs/benchmarks)")
+    launcher = p.add_argument_group("the launch (as DeepSpeed's launcher reads it)")
+    launcher.add_argument("--hostfile")
+    launcher.add_argument("--include", default="")
+    launcher.add_argument("--exclude", default="")
+    launcher.add_argument("--num_nodes", type=int, default=-1)
+    launcher.add_argument("--num_gpus", type=int, default=-1)
+    scaling = p.add_argument_group("ring scaling table (docs/planner.md)")
+    scaling.add_argument("--scaling", action="store_true", help="print the table instead of a plan")
+    scaling.add_argument("--batch", default="4M,12M", help="global batches, comma-separated")
+    scaling.add_argument("--dim", type=int, default=768)
+    scaling.add_argument("--ranks", default="8,16,32,64,128,256,512,1024")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        rates = KernelRates.load(args.rates) if args.rates else KernelRates.load()
+        if args.scaling:
+            rows = ring_scaling_table([parse_count(b) for b in args.batch.split(",")], args.dim,
+                                      [int(r) for r in args.ranks.split(",")], args.gpus_per_node, rates=rates)
+            print(render_scaling(rows, rates, args.dim))
+            return 0
+        if not args.config:
+            raise PlanError("plan: --config RECIPE is required (or --scaling)")
+        recipe = load_recipe(args.config, args.overrides)
+        gpus, per_node = _world(args)
+        plan = make_plan(recipe, gpus, args.gpu_memory, per_node or args.gpus_per_node, args.host_memory,
+                         encoder_tflops=args.encoder_tflops, network=args.network,
+                         max_step_s=args.max_step_time, rates=rates)
+    except (RecipeError, PlanError) as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return 2
+    print(render_plan(plan))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

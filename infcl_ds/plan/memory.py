@@ -1,0 +1,167 @@
+"""Bytes per GPU and per node for one training step, component by component.
+
+A step has two phases that never overlap in time (infcl_ds/engine/step.py):
+
+loss          the cached features of the whole local batch and their gradients, and the
+              loss's buffers (the ring's over several ranks). No parameter gradients yet.
+encoder pass  each chunk re-encoded with grad: its activations, the parameter gradients,
+              and the cached feature gradients it backpropagates (in pinned host memory
+              instead with batch.offload_features; the engine brings them to the GPU for the
+              loss only).
+
+Parameters, optimizer states, ZeRO's buffers and the runtime reserve are there throughout.
+The peak per GPU is the larger phase.
+"""
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from ..config import Recipe, build_deepspeed_config
+from ..ops.block import panel_width
+from .encoders import ModelEstimate
+
+GIB = 1 << 30
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+
+# Guesses until calibrated on GPUs. GPU: CUDA context, NCCL channel buffers, cuBLAS
+# workspaces and the caching allocator's fragmentation. Host, per rank: Python, torch and the
+# CUDA host libraries, and the rank's data-loader worker processes.
+GPU_RUNTIME_RESERVE = 2 * GIB
+HOST_RESERVE_PER_RANK = 8 * GIB
+# torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
+# keeps) finished batches per worker, each a whole local batch, besides the one training.
+DATALOADER_PREFETCH_FACTOR = 2
+
+PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", "fp32 gradient sum"
+ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
+ACTIVATIONS, FEATURES, FEATURE_GRADS, LOSS_BUFFERS = ("activations (one chunk)", "cached features",
+                                                      "cached feature gradients", "loss and ring buffers")
+ENCODER_PASS, LOSS = "encoder pass", "loss"
+_THROUGHOUT = (PARAMS, OPTIM, ZERO_BUFFERS, RUNTIME)
+
+
+def gib(nbytes: float) -> str:
+    """Bytes as GiB with one decimal, as the planner prints them."""
+    return f"{nbytes / GIB:.1f}"
+
+
+def _shard(nbytes: int, ways: int) -> int:
+    return -(-nbytes // ways)
+
+
+def model_state_bytes(params: int, dtype: str, stage: int, world: int, grad_accum_fp32: bool) -> Dict[str, int]:
+    """Parameters, gradients and optimizer states per GPU.
+
+    bf16: 2 B weights, 2 B gradients, 12 B fp32 master weights + Adam m and v per parameter;
+    fp32: 4 + 4 + 8 (the weights are their own master copy). ZeRO-1 shards the optimizer
+    states over the data-parallel ranks, ZeRO-3 the weights too. Gradients are not sharded
+    here whatever the stage: the engine coalesces a step's chunks into one reduction, and
+    DeepSpeed leaves every chunk's gradient whole on its parameter until then. A bf16 model
+    below ZeRO-3 also keeps an fp32 sum of the chunk gradients (engine/grad_sum.py), whole.
+    """
+    if dtype == "bf16":
+        weight, grad, optim = 2, 2, 12
+        grad_sum = 4 if grad_accum_fp32 and stage < 3 else 0
+    else:
+        weight, grad, optim, grad_sum = 4, 4, 8, 0
+    return {PARAMS: _shard(weight * params, world if stage >= 3 else 1),
+            GRADS: grad * params,
+            OPTIM: _shard(optim * params, world if stage >= 1 else 1),
+            GRAD_SUM: grad_sum * params}
+
+
+def zero_buffer_bytes(zero: dict, elem: int) -> int:
+    """DeepSpeed's gradient-reduction buckets, allocated whole whatever the model's size:
+    reduce_bucket_size elements each, two of them with overlap_comm (double buffering);
+    ZeRO-3 also gathers parameters ahead of use in a prefetch bucket. Defaults as DeepSpeed's."""
+    stage = zero.get("stage", 0)
+    if stage == 0 or not zero.get("contiguous_gradients", True):
+        return 0
+    buckets = 2 if zero.get("overlap_comm", stage == 3) else 1
+    total = buckets * int(zero.get("reduce_bucket_size", 5e8)) * elem
+    if stage == 3:
+        total += int(zero.get("stage3_prefetch_bucket_size", 5e7)) * elem
+    return total
+
+
+def feature_bytes(local: int, dim: int, elem: int) -> int:
+    """The cached image and text features of a local batch (their gradients: the same again)."""
+    return 2 * local * dim * elem
+
+
+def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
+    """What the loss allocates per GPU beyond its inputs and outputs, in its backward (the
+    larger pass), for a local batch of ``local`` on every rank.
+
+    Over several ranks (parallel/ring_loss.py): two visiting text blocks (features' dtype)
+    with their column statistics (fp32); two fp32 partial text gradients, one received
+    partial, the fp32 text and image gradient accumulators. On one GPU (ops/clip.py): the
+    fp32 image gradient. Both: the row and column statistics saved by the forward, and the
+    kernels' G panel (ops/block.py; features' dtype on the GPU).
+    """
+    stats = 2 * 4
+    if world > 1:
+        per_sample = 2 * dim * elem + 2 * 4 + 2 * dim * 4 + 3 * dim * 4 + stats
+    else:
+        per_sample = dim * 4 + stats
+    panel = local * min(panel_width(local, local, dim, elem), local) * elem
+    return local * per_sample + panel
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """Bytes per GPU by component, and the components live in each phase."""
+    components: Dict[str, int]
+    phases: Dict[str, Tuple[str, ...]]
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(self.components[name] for name in self.phases[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_bytes)
+
+    @property
+    def peak(self) -> int:
+        return self.phase_bytes(self.peak_phase)
+
+
+def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
+    elem = DTYPE_BYTES[recipe.precision.dtype]
+    local = recipe.local_batch(world)
+    zero = build_deepspeed_config(recipe, world).get("zero_optimization", {})
+    components = model_state_bytes(model.params, recipe.precision.dtype, recipe.zero.stage, world,
+                                   recipe.precision.grad_accum_fp32)
+    components.update({
+        ZERO_BUFFERS: zero_buffer_bytes(zero, elem),
+        RUNTIME: GPU_RUNTIME_RESERVE,
+        ACTIVATIONS: int(model.activation_bytes(recipe.batch.chunk, elem, recipe.model.grad_checkpointing)),
+        FEATURES: feature_bytes(local, model.embed_dim, elem),
+        FEATURE_GRADS: feature_bytes(local, model.embed_dim, elem),
+        LOSS_BUFFERS: loss_bytes(local, model.embed_dim, elem, world),
+    })
+    encoder = _THROUGHOUT + (GRADS, GRAD_SUM, ACTIVATIONS) + (() if recipe.batch.offload_features else (FEATURE_GRADS,))
+    loss = _THROUGHOUT + (FEATURES, FEATURE_GRADS, LOSS_BUFFERS)
+    return GpuMemory(components, {ENCODER_PASS: encoder, LOSS: loss})
+
+
+INPUTS, OFFLOADED, PROCESSES = "input batches", "offloaded features + gradients", "process reserve"
+
+
+def batches_in_flight(workers: int) -> int:
+    """Local batches a rank holds on the host: the one training, and what its data workers
+    have prefetched."""
+    return 1 + workers * DATALOADER_PREFETCH_FACTOR
+
+
+def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int) -> Dict[str, int]:
+    """Bytes per node: every rank's local batches of uint8 images and int64 tokens (inputs stay
+    on the host, moved to the GPU one chunk at a time), the pinned cached features and their
+    gradients with batch.offload_features (pinned blocks stay cached by torch once freed, so
+    both count), and a reserve per rank."""
+    ranks = min(world, gpus_per_node)
+    local = recipe.local_batch(world)
+    elem = DTYPE_BYTES[recipe.precision.dtype]
+    offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
+    return {INPUTS: ranks * local * model.host_input_bytes() * batches_in_flight(recipe.data.workers),
+            OFFLOADED: ranks * offloaded,
+            PROCESSES: ranks * HOST_RESERVE_PER_RANK}

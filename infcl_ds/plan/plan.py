@@ -1,0 +1,251 @@
+"""`make_plan`: does a recipe fit on N GPUs, how long is a step, and what limits it.
+
+Three limits are weighed: memory per GPU, host memory per node, and (given a budget) step
+time. Each gets a growth factor: how many times the global batch could grow on these GPUs
+before that limit is reached (below 1: it is exceeded already). The binding limit is the one
+with the smallest factor. A recipe that exceeds a limit gets a verdict naming the biggest
+component and the remedies that would make it fit, each checked by planning it.
+"""
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..config import Recipe, check_world
+from . import memory as mem
+from .encoders import ModelEstimate, estimate_model
+from .errors import PlanError
+from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, StepTime, step_time
+
+# A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
+DEFAULT_HOST_MEMORY = 2 << 40
+GPU_LIMIT, HOST_LIMIT, TIME_LIMIT = "GPU memory", "host memory per node", "step time"
+# The most GPUs a remedy may propose.
+MAX_GPUS = 16384
+
+# How a verdict names a GPU component (FEATURES and FEATURE_GRADS count together).
+_BLAME = {mem.PARAMS: "parameters need", mem.GRADS: "gradients need", mem.OPTIM: "optimizer states need",
+          mem.GRAD_SUM: "the fp32 gradient sum needs", mem.ZERO_BUFFERS: "ZeRO's buffers need",
+          mem.RUNTIME: "the runtime reserve needs", mem.ACTIVATIONS: "one chunk's activations need",
+          mem.FEATURES: "cached features and their gradients need", mem.LOSS_BUFFERS: "the loss and ring buffers need"}
+# Remedies tried first for each culprit, then any other that works.
+_RELEVANT = {mem.FEATURES: ("offload", "gpus"), mem.ACTIVATIONS: ("chunk", "checkpointing"),
+             mem.PARAMS: ("zero", "gpus"), mem.GRADS: ("zero", "gpus"), mem.OPTIM: ("zero", "gpus"),
+             mem.GRAD_SUM: ("zero", "gpus"), mem.ZERO_BUFFERS: ("zero", "gpus"),
+             mem.LOSS_BUFFERS: ("gpus",), mem.RUNTIME: ("gpus",),
+             HOST_LIMIT: ("gpus", "workers", "no-offload"), TIME_LIMIT: ("gpus",)}
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    used: float            # bytes, or seconds for step time
+    capacity: float
+    growth: float          # times the global batch can grow before reaching the capacity
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: Recipe
+    model: ModelEstimate
+    gpus: int
+    gpus_per_node: int
+    local_batch: int
+    gpu_memory_bytes: int
+    host_memory_bytes: int
+    gpu: mem.GpuMemory
+    host: Dict[str, int]
+    time: StepTime
+    limits: Tuple[Limit, ...]
+    host_memory_assumed: bool = False
+    verdict: str = ""
+    remedies: Tuple[str, ...] = ()
+
+    @property
+    def components(self) -> Dict[str, int]:
+        """Bytes per GPU by component."""
+        return dict(self.gpu.components)
+
+    @property
+    def peak_gpu_bytes(self) -> int:
+        return self.gpu.peak
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host.values())
+
+    @property
+    def step_seconds(self) -> float:
+        return self.time.total
+
+    @property
+    def fits(self) -> bool:
+        return all(limit.growth >= 1 for limit in self.limits)
+
+    @property
+    def binding(self) -> str:
+        return min(self.limits, key=lambda limit: limit.growth).name
+
+    def limit(self, name: str) -> Limit:
+        return next(limit for limit in self.limits if limit.name == name)
+
+
+def _growth(capacity: float, fixed: float, scaling: float) -> float:
+    """k such that fixed + k * scaling = capacity."""
+    if scaling <= 0:
+        return math.inf if fixed <= capacity else 0.0
+    return (capacity - fixed) / scaling
+
+
+def _gpu_limit(gpu: mem.GpuMemory, capacity: int) -> Limit:
+    """Features, their gradients and the loss's buffers grow with the local batch; the rest
+    (activations of one chunk included) does not."""
+    scaling = {mem.FEATURES, mem.FEATURE_GRADS, mem.LOSS_BUFFERS}
+    growth = math.inf
+    for phase, names in gpu.phases.items():
+        grows = sum(gpu.components[n] for n in names if n in scaling)
+        growth = min(growth, _growth(capacity, gpu.phase_bytes(phase) - grows, grows))
+    return Limit(GPU_LIMIT, gpu.peak, capacity, growth)
+
+
+def _time_growth(time: StepTime, budget: float) -> float:
+    """k with encoders * k + loss * k^2 = budget (the loss grows as the batch squared)."""
+    a, b = time.loss, time.encoders
+    if a <= 0:
+        return budget / b if b > 0 else math.inf
+    return (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
+
+
+def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int, host_memory_bytes: int,
+           rates: KernelRates, *, encoder_tflops: float, network: str, max_step_s: Optional[float],
+           model: Optional[ModelEstimate] = None) -> Plan:
+    """The plan's numbers, without a verdict. Raises RecipeError if the batch does not split
+    over ``gpus``."""
+    check_world(recipe, gpus)
+    model = model or estimate_model(recipe.model.name)
+    local = recipe.local_batch(gpus)
+    gpu = mem.gpu_memory(model, recipe, gpus)
+    host = mem.host_memory(model, recipe, gpus, gpus_per_node)
+    time = step_time(model, local, gpus, recipe.precision.dtype, recipe.model.grad_checkpointing, rates,
+                     gpus_per_node, network, encoder_tflops)
+    host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
+    limits = [_gpu_limit(gpu, gpu_memory_bytes),
+              Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,
+                    _growth(host_memory_bytes, host[mem.PROCESSES], host_grows))]
+    if max_step_s is not None:
+        limits.append(Limit(TIME_LIMIT, time.total, max_step_s, _time_growth(time, max_step_s)))
+    return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
+                gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes, gpu=gpu, host=host,
+                time=time, limits=tuple(limits))
+
+
+def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
+              host_memory_bytes: Optional[int] = None, *, encoder_tflops: float = DEFAULT_ENCODER_TFLOPS,
+              network: str = DEFAULT_NETWORK, max_step_s: Optional[float] = None,
+              rates: Optional[KernelRates] = None) -> Plan:
+    """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each, ``gpus_per_node`` per node
+    with ``host_memory_bytes`` of host memory each (default: DEFAULT_HOST_MEMORY, marked as
+    assumed). Raises RecipeError when the batch does not split over the GPUs and PlanError when
+    the model cannot be estimated; a recipe that does not fit gets ``fits == False`` and a
+    verdict that says why and what would fix it."""
+    if network not in NETWORKS:
+        raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
+    rates = rates or KernelRates.load()
+    assumed = host_memory_bytes is None
+    host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
+    settings = {"encoder_tflops": encoder_tflops, "network": network, "max_step_s": max_step_s}
+    plan = assess(recipe, gpus, gpu_memory_bytes, gpus_per_node, host_memory_bytes, rates, **settings)
+    plan = dataclasses.replace(plan, host_memory_assumed=assumed)
+    if plan.fits:
+        return dataclasses.replace(plan, verdict=f"fits: {mem.gib(plan.peak_gpu_bytes)} GiB of "
+                                                 f"{gpu_memory_bytes / mem.GIB:.4g} GiB")
+
+    def fits(candidate: Recipe, n: int) -> bool:
+        try:
+            return assess(candidate, n, gpu_memory_bytes, gpus_per_node, host_memory_bytes, rates,
+                          model=plan.model, **settings).fits
+        except ValueError:  # RecipeError: e.g. the chunk no longer fits the local batch
+            return False
+
+    culprit, problem = _problem(plan)
+    remedies = _remedies(recipe, gpus, gpus_per_node, culprit, fits)
+    fix = "; " + " or ".join(remedies[:2]) if remedies else "; no single change of GPUs, chunk, " \
+                                                            "checkpointing, ZeRO stage or offload fits"
+    return dataclasses.replace(plan, verdict=f"does not fit: {problem}{fix}", remedies=tuple(remedies))
+
+
+def _problem(plan: Plan) -> Tuple[str, str]:
+    """(culprit, description) of the most exceeded limit."""
+    limit = min(plan.limits, key=lambda item: item.growth)
+    if limit.name == HOST_LIMIT:
+        inputs = plan.host[mem.INPUTS]
+        return HOST_LIMIT, (f"host memory per node needs {mem.gib(limit.used)} GiB of {mem.gib(limit.capacity)} GiB "
+                            f"({mem.gib(inputs)} GiB of input batches)")
+    if limit.name == TIME_LIMIT:
+        return TIME_LIMIT, f"a step takes {limit.used:.0f} s, over the {limit.capacity:g} s budget"
+    gpu = plan.gpu
+    activations = gpu.components[mem.ACTIVATIONS]
+    if activations >= plan.gpu_memory_bytes:
+        return mem.ACTIVATIONS, (f"one chunk's activations alone need {mem.gib(activations)} GiB of "
+                                 f"{mem.gib(plan.gpu_memory_bytes)} GiB per GPU")
+    sizes = {name: gpu.components[name] for name in gpu.phases[gpu.peak_phase]}
+    if mem.FEATURE_GRADS in sizes:
+        sizes[mem.FEATURES] = sizes.get(mem.FEATURES, 0) + sizes.pop(mem.FEATURE_GRADS)
+    culprit = max(sizes, key=sizes.get)
+    return culprit, (f"{_BLAME[culprit]} {mem.gib(sizes[culprit])} GiB "
+                     f"(peak {mem.gib(gpu.peak)} of {mem.gib(plan.gpu_memory_bytes)} GiB per GPU, {gpu.peak_phase})")
+
+
+def _with(recipe: Recipe, section: str, **changes) -> Recipe:
+    return dataclasses.replace(recipe, **{section: dataclasses.replace(getattr(recipe, section), **changes)})
+
+
+def _largest_below(value: int, fits: Callable[[int], bool]) -> Optional[int]:
+    """The largest v in [1, value) with fits(v), for fits monotone (true below some point)."""
+    lo, hi = 0, value  # fits(lo) is taken as true, fits(hi) as false
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo if lo >= 1 and fits(lo) else None
+
+
+def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
+              fits: Callable[[Recipe, int], bool]) -> List[str]:
+    """Single changes that make the recipe fit, those relevant to the culprit first."""
+    def more_gpus():
+        step = gpus_per_node if gpus >= gpus_per_node else 1
+        for n in range((gpus // step + 1) * step, MAX_GPUS + 1, step):
+            if recipe.batch.global_size % n == 0 and fits(recipe, n):
+                return f"use {n} GPUs"
+
+    def offload():
+        if not recipe.batch.offload_features and fits(_with(recipe, "batch", offload_features=True), gpus):
+            return "set batch.offload_features=true"
+
+    def no_offload():
+        if recipe.batch.offload_features and fits(_with(recipe, "batch", offload_features=False), gpus):
+            return "set batch.offload_features=false"
+
+    def zero():
+        if recipe.zero.base_config is None:
+            for stage in range(recipe.zero.stage + 1, 4):
+                if fits(_with(recipe, "zero", stage=stage), gpus):
+                    return f"set zero.stage={stage}"
+
+    def chunk():
+        best = _largest_below(recipe.batch.chunk, lambda c: fits(_with(recipe, "batch", chunk=c), gpus))
+        return f"set batch.chunk={best}" if best else None
+
+    def checkpointing():
+        if not recipe.model.grad_checkpointing and fits(_with(recipe, "model", grad_checkpointing=True), gpus):
+            return "set model.grad_checkpointing=true"
+
+    def workers():
+        for count in range(recipe.data.workers - 1, -1, -1):
+            if fits(_with(recipe, "data", workers=count), gpus):
+                return f"set data.workers={count}"
+
+    candidates = {"gpus": more_gpus, "offload": offload, "no-offload": no_offload, "zero": zero, "chunk": chunk,
+                  "checkpointing": checkpointing, "workers": workers}
+    order = list(_RELEVANT.get(culprit, ())) + [k for k in candidates if k not in _RELEVANT.get(culprit, ())]
+    return [text for text in (candidates[key]() for key in order) if text]

@@ -1,0 +1,138 @@
+"""The plan and the ring scaling table as text (what `infcl-ds plan` prints)."""
+from typing import List, Sequence
+
+from . import memory as mem
+from .plan import GPU_LIMIT, HOST_LIMIT, Plan
+from .timing import NETWORKS, NVLINK, KernelRates, Rate, ScalingRow, min_hidden_block
+
+
+def count(n: int) -> str:
+    """1048576 -> '1M', 262144 -> '256k', 1000 -> '1000'."""
+    for unit, size in (("M", 1 << 20), ("k", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def describe_rate(rate: Rate) -> str:
+    return (f"{rate.flops / 1e12:.0f} TFLOP/s, from the {rate.dtype} rates measured at D={rate.dim}, "
+            f"for blocks of {rate.batch:,}")
+
+
+def _header(plan: Plan) -> str:
+    r, m = plan.recipe, plan.model
+    nodes = -(-plan.gpus // plan.gpus_per_node)
+    return (f"plan: {m.name} ({m.params / 1e6:.1f}M parameters, D={m.embed_dim}), {r.precision.dtype}, "
+            f"ZeRO-{r.zero.stage}, {plan.gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} x "
+            f"{min(plan.gpus, plan.gpus_per_node)})\n"
+            f"batch: global {r.batch.global_size:,} = {plan.local_batch:,} per GPU, chunk {r.batch.chunk}, "
+            f"activation checkpointing {'on' if r.model.grad_checkpointing else 'off'}, cached features "
+            f"{'offloaded to host' if r.batch.offload_features else 'on the GPU'}")
+
+
+def _gpu_table(plan: Plan) -> List[str]:
+    gpu = plan.gpu
+    phases = list(gpu.phases)
+    lines = ["per-GPU memory (GiB)          " + "".join(f"{p:>14}" for p in phases)]
+    for name, nbytes in gpu.components.items():
+        cells = "".join(f"{mem.gib(nbytes) if name in gpu.phases[p] else '-':>14}" for p in phases)
+        lines.append(f"  {name:<28}{cells}")
+    lines.append(f"  {'total':<28}" + "".join(f"{mem.gib(gpu.phase_bytes(p)):>14}" for p in phases))
+    return lines
+
+
+def _host_line(plan: Plan) -> str:
+    ranks = min(plan.gpus, plan.gpus_per_node)
+    batches = mem.batches_in_flight(plan.recipe.data.workers)
+    parts = ", ".join(f"{name} {mem.gib(nbytes)}" for name, nbytes in plan.host.items())
+    assumed = " (assumed; pass --host-memory)" if plan.host_memory_assumed else ""
+    return (f"host memory per node (GiB): {parts}; total {mem.gib(plan.host_bytes)} of "
+            f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
+            f"  inputs: {ranks} ranks x {batches} local batches (1 training + {plan.recipe.data.workers} "
+            f"data workers x {mem.DATALOADER_PREFETCH_FACTOR} prefetched) x {plan.local_batch:,} samples x "
+            f"{plan.model.host_input_bytes():,} B")
+
+
+def _time_lines(plan: Plan) -> List[str]:
+    t, m = plan.time, plan.model
+    passes = t.encoder_flops / m.forward_flops()
+    step = (f"step time: {t.total:.1f} s = encoders {t.encoders:.1f} s ({passes:.0f} passes x "
+            f"{m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
+            f"{t.encoder_rate / 1e12:.0f} TFLOP/s, assumed) + loss {t.loss:.1f} s "
+            f"(8 B^2 D / {plan.gpus} GPUs at {describe_rate(t.rate)})")
+    lines = [step]
+    per_gpu = plan.local_batch / t.total
+    lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} per "
+                 f"node) to keep up; data loading is not modelled")
+    if t.hop is not None:
+        hop = t.hop
+        state = "hidden" if hop.hidden else f"exposed: +{plan.gpus * (hop.time - hop.compute):.1f} s"
+        lines.append(f"ring hop: compute {hop.compute * 1e3:.1f} ms (forward {hop.compute_fwd * 1e3:.1f}, backward "
+                     f"{hop.compute_bwd * 1e3:.1f}) vs transfer {hop.comm * 1e3:.1f} ms over {hop.link}: {state}")
+        if not hop.hidden:
+            most = plan.recipe.batch.global_size // t.hiding_block
+            reach = f": at most {most} GPUs for this batch" if most >= 2 else ""
+            lines.append(f"  transfers hide behind compute from {t.hiding_block:,} samples per GPU{reach}, or "
+                         f"with a faster link than {hop.link}; more GPUs still cut the encoders' time")
+    return lines
+
+
+def _limit_lines(plan: Plan) -> List[str]:
+    lines = [f"limits (how many times the global batch could grow on {plan.gpus} GPUs):"]
+    for limit in plan.limits:
+        if limit.name in (GPU_LIMIT, HOST_LIMIT):
+            used = f"{mem.gib(limit.used)} of {mem.gib(limit.capacity)} GiB"
+        else:
+            used = f"{limit.used:.0f} of {limit.capacity:g} s"
+        lines.append(f"  {limit.name:<22}{used:>24}   x{limit.growth:.2f}")
+    binding = plan.limit(plan.binding)
+    share = plan.time.encoders / plan.time.total
+    lines.append(f"binding limit: {binding.name} (x{binding.growth:.2f}); step time {plan.time.total:.0f} s, "
+                 f"{share:.0%} of it in the encoders")
+    return lines
+
+
+def render_plan(plan: Plan) -> str:
+    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last."""
+    lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan), ""] + _time_lines(plan)
+    lines += [""] + _limit_lines(plan) + [plan.verdict, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
+    return "\n".join(lines)
+
+
+def render_scaling(rows: Sequence[ScalingRow], rates: KernelRates, dim: int, elem: int = 2) -> str:
+    """A markdown table of the ring's loss time against ranks, and where transfers stop hiding."""
+    networks = list(NETWORKS)
+    header = (f"| global B | ranks | local b | kernel rate | compute / hop | transfer / hop "
+              f"(NVLink or {' / '.join(networks)}) | loss time ({' / '.join(networks)}) |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        hops = list(row.hops.values())
+        transfer = " / ".join(f"{hop.comm * 1e3:.2f} ms{'' if hop.hidden else ' (exposed)'}" for hop in hops)
+        loss = " / ".join(f"{row.loss_time(name):.2f} s" for name in row.hops)
+        if "NVLink" in row.hops:
+            transfer, loss = f"{transfer} (NVLink)", f"{loss} (NVLink)"
+        lines.append(f"| {count(row.global_batch)} | {row.ranks} | {row.local:,} | {row.rate.flops / 1e12:.0f} TFLOP/s "
+                     f"| {hops[0].compute * 1e3:.1f} ms | {transfer} | {loss} |")
+    batches = sorted({row.global_batch for row in rows})
+    lines += ["", f"Kernel rates: {rates.source}, interpolated in log B between measured sizes (flat below the "
+              f"smallest); forward {rates.forward_fraction:.0%} of the kernel time. Links one way: NVLink "
+              f"{NVLINK / 1e9:.0f} GB/s, " + ", ".join(f"{n} = {bw / 1e9:.0f} GB/s" for n, bw in NETWORKS.items())
+              + ". A hop sends the text block (and, backward, an fp32 partial gradient): 8 D bytes per sample "
+              "in bf16 over both passes.", ""]
+    block = _crossover(rates, dim, elem, NVLINK)
+    lines.append(f"- NVLink (one node): transfers hide behind compute from b = {block:,} samples per GPU.")
+    for name, bandwidth in NETWORKS.items():
+        block = _crossover(rates, dim, elem, bandwidth)
+        reach = "; ".join(f"B={count(b)}: up to {b // block:,} ranks, then the loss time floors at "
+                          f"{(2 * elem + 4) * b * dim / bandwidth:.1f} s" for b in batches)
+        lines.append(f"- {name}: transfers hide from b = {block:,} samples per GPU ({reach}).")
+    return "\n".join(lines)
+
+
+def _crossover(rates: KernelRates, dim: int, elem: int, bandwidth: float) -> int:
+    """min_hidden_block at the rate of blocks that size (two fixed-point steps)."""
+    block = 16384
+    for _ in range(2):
+        rate = rates.rate(block, dim, "bf16" if elem == 2 else "fp32")
+        block = min_hidden_block(dim, elem, rate.flops, rates.forward_fraction, bandwidth)
+    return block

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Train a recipe through DeepSpeed's launcher, on this node or on the nodes of a hostfile,
+# after the planner (infcl-ds plan) has checked it against the GPUs it will run on.
+#
+#   launch/train.sh RECIPE [--hostfile F] [--include S] [--exclude S] [--num_nodes N]
+#                   [--num_gpus N] [--master_addr A] [--master_port P] [--no_ssh --node_rank I]
+#                   [--ssh_port P] [--enable_each_rank_log DIR] [--gpu-memory 80GiB] [--host-memory 2TiB] [--no-plan]
+#                   [--resume TAG] [--set key=value ...]
+#
+# Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ...]
+# With a hostfile, ./.deepspeed_env (DeepSpeed reads it from the working directory) is
+# rewritten to forward this shell's NCCL_*, GLOO_*, TORCH_*, TRITON_*, PYTHONPATH,
+# OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT and the names in INFCL_FORWARD_ENV to the
+# other nodes. A recipe the planner refuses is not launched (exit 1 or 2); --no-plan skips
+# it. See docs/multi-node.md.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+usage() { sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,3\}//' >&2; exit "${1:-2}"; }
+
+[ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
+recipe=$1
+shift
+launcher=() world=() trainer=() planner=() plan=1 hostfile=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --hostfile) hostfile=$2; launcher+=("$1" "$2"); world+=("$1" "$2"); shift 2 ;;
+    --include|--exclude|--num_nodes|--num_gpus) launcher+=("$1" "$2"); world+=("$1" "$2"); shift 2 ;;
+    --master_addr|--master_port|--node_rank|--ssh_port|--enable_each_rank_log) launcher+=("$1" "$2"); shift 2 ;;
+    --no_ssh) launcher+=("$1"); shift ;;
+    --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
+    --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); shift 2 ;;
+    --resume) trainer+=("$1" "$2"); shift 2 ;;
+    --no-plan) plan=0; shift ;;
+    -h|--help) usage 0 ;;
+    *) echo "train.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+
+# The project's environment, unless one is active already.
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -x "$root/.venv/bin/python" ]; then
+  export PATH="$root/.venv/bin:$PATH"
+fi
+
+if [ "$plan" = 1 ]; then
+  # The planner resolves the world as the launcher will: the hostfile's slots with --include,
+  # --exclude, --num_nodes, --num_gpus; without a hostfile, this node's GPUs (none on a CPU
+  # machine: then --num_gpus, or a recipe named *-<N>gpu.yaml).
+  pool=""
+  if [ -z "$hostfile" ] && command -v nvidia-smi >/dev/null; then
+    pool=$(mktemp)
+    echo "localhost slots=$(nvidia-smi -L | grep -c '^GPU')" > "$pool"
+    world+=(--hostfile "$pool")
+  fi
+  status=0
+  python -m infcl_ds.plan.cli --config "$recipe" ${world[@]+"${world[@]}"} ${planner[@]+"${planner[@]}"} || status=$?
+  [ -z "$pool" ] || rm -f "$pool"
+  if [ "$status" != 0 ]; then
+    echo "train.sh: the planner refused $recipe (--no-plan launches anyway)" >&2
+    exit "$status"
+  fi
+fi
+
+if [ -n "$hostfile" ]; then
+  forward=$(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_|TRITON_)' || true)
+  forward+=" PYTHONPATH OMP_NUM_THREADS DS_ACCELERATOR DEEPSPEED_TIMEOUT ${INFCL_FORWARD_ENV:-}"
+  : > .deepspeed_env
+  for name in $forward; do
+    value=${!name-}
+    # DeepSpeed reads KEY=VALUE lines, one per line: skip unset and multi-line values.
+    if [ -n "${!name+set}" ] && [[ "$value" != *$'\n'* ]]; then
+      printf '%s=%s\n' "$name" "$value" >> .deepspeed_env
+    fi
+  done
+fi
+
+exec deepspeed ${launcher[@]+"${launcher[@]}"} --module infcl_ds.train --config "$recipe" \
+  ${trainer[@]+"${trainer[@]}"}
