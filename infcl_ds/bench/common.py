@@ -13,15 +13,18 @@ import torch
 
 def run_identity() -> Dict[str, str]:
     """Device, versions and commit, stamped on every row of a run."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    # INFCL_DS_COMMIT first: a copied working tree (GPU machines) may carry stale git metadata.
+    commit = os.environ.get("INFCL_DS_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
     import triton
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit or os.environ.get("INFCL_DS_COMMIT", "unknown")}
+            "commit": commit or "unknown"}
 
 
 def free_port() -> int:
