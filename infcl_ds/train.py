@@ -156,7 +156,7 @@ class Trainer:
                 (self.run_dir / "eval.json").write_text(json.dumps(results, indent=1))
                 for key, value in results.items():
                     print(f"{key}: {value:.4f}")
-                print(f"zero-shot top-1: {results['top1']:.4f}")
+                print(f"zero-shot top-1: {results['zeroshot_top1']:.4f}")
             print(f"run directory: {self.run_dir}" + (f" (curves: {plot})" if plot else ""))
         return results
 
