@@ -154,9 +154,11 @@ class Trainer:
         if self.rank == 0:
             if results:
                 (self.run_dir / "eval.json").write_text(json.dumps(results, indent=1))
-                for key, value in results.items():
-                    print(f"{key}: {value:.4f}")
-                print(f"zero-shot top-1: {results['zeroshot_top1']:.4f}")
+                from .eval import metric_label
+                for key, value in results.items():  # zero-shot top-1 last: the line people look for
+                    if key != "zeroshot_top1":
+                        print(f"{metric_label(key)}: {value:.4f}")
+                print(f"{metric_label('zeroshot_top1')}: {results['zeroshot_top1']:.4f}")
             print(f"run directory: {self.run_dir}" + (f" (curves: {plot})" if plot else ""))
         return results
 

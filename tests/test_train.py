@@ -95,3 +95,27 @@ def test_every_rank_refuses_an_indivisible_batch(tmp_path):
     assert wait_all(procs, timeout=120) == [2, 2]
     for rank in range(2):
         assert "not divisible by the world size 2" in (tmp_path / f"rank{rank}.log").read_text()
+
+
+def test_digits_run_evaluates_like_the_eval_command(tmp_path):
+    # Real shards, the quickstart's model, 3 steps on 2 ranks: the trainer's final zero-shot
+    # evaluation equals `infcl-ds eval` on the checkpoint it wrote.
+    import json
+
+    from infcl_ds.data.digits import build_digits
+    from infcl_ds.eval.cli import main as eval_main
+    build_digits(tmp_path / "digits")
+    run = tmp_path / "run"
+    overrides = ["model.name=infcl-tiny-digits", "data.source=webdataset", f"data.train={tmp_path}/digits/train",
+                 f"data.eval={tmp_path}/digits/test", "batch.global=64", "batch.chunk=16", "schedule.steps=3",
+                 f"output_dir={run}"]
+    assert wait_all(start_ranks(2, overrides, log_dir=tmp_path)) == [0, 0]
+    log = (tmp_path / "rank0.log").read_text()
+    line = next(l for l in log.splitlines() if l.startswith("zero-shot top-1:"))
+    trained = json.loads((run / "eval.json").read_text())
+    assert float(line.split(":")[1]) == pytest.approx(trained["zeroshot_top1"], abs=1e-4)
+    out = tmp_path / "eval.json"
+    assert eval_main(["--checkpoint", str(run), "--data", f"{tmp_path}/digits/test", "--out", str(out)]) == 0
+    again = json.loads(out.read_text())["metrics"]
+    for key, value in trained.items():
+        assert again[key] == pytest.approx(value, abs=1e-6), key

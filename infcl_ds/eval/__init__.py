@@ -27,3 +27,10 @@ def evaluate(model, eval_data, tokenizer, device) -> Dict[str, float]:
 
 
 __all__ = ["build_zero_shot_classifier", "evaluate", "retrieval_recall", "zero_shot_accuracy"]
+
+
+def metric_label(metric: str) -> str:
+    """The printed name of a metric: zeroshot_top1 -> zero-shot top-1, image_to_text_R@5 -> image->text R@5."""
+    if metric.startswith("zeroshot_top"):
+        return "zero-shot top-" + metric[len("zeroshot_top"):]
+    return metric.replace("_to_", "->").replace("_R@", " R@")

@@ -8,14 +8,7 @@ import torch
 
 from ..export import load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
 from ..models import create_model, get_tokenizer, model_info
-from . import evaluate
-
-
-def _label(metric: str) -> str:
-    """The printed name of a metric: zeroshot_top1 -> zero-shot top-1, image_to_text_R@5 -> image->text R@5."""
-    if metric.startswith("zeroshot_top"):
-        return "zero-shot top-" + metric[len("zeroshot_top"):]
-    return metric.replace("_to_", "->").replace("_R@", " R@")
+from . import evaluate, metric_label
 
 
 def main(argv=None) -> int:
@@ -42,7 +35,7 @@ def main(argv=None) -> int:
 
     print(f"{name} at {tag_dir} on {args.data}")
     for metric, value in metrics.items():
-        print(f"{_label(metric)}: {value:.4f}")
+        print(f"{metric_label(metric)}: {value:.4f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"model": name, "checkpoint": str(tag_dir), "data": str(args.data),

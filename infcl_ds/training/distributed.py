@@ -7,6 +7,7 @@ MASTER_ADDR the user chose.
 """
 import os
 from datetime import timedelta
+from typing import Optional
 
 import torch
 
@@ -27,11 +28,20 @@ def fill_env_from_launcher() -> None:
                 os.environ[key] = os.environ[source]
                 break
     os.environ.setdefault("MASTER_PORT", "29500")
-    if "MASTER_ADDR" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1":
-        os.environ["MASTER_ADDR"] = "127.0.0.1"  # a single process needs no network
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        # No launcher at all: one process, which needs no network.
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if "MASTER_ADDR" not in os.environ and os.environ.get("WORLD_SIZE") == "1":
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
 
 
-def init_distributed(timeout_s: float = 1800.0) -> torch.device:
+def collective_timeout_s() -> float:
+    """DEEPSPEED_TIMEOUT (minutes, as DeepSpeed reads it), default 30: how long a rank waits
+    in a collective (the ring's transfers included) for a peer before it fails."""
+    return 60.0 * float(os.environ.get("DEEPSPEED_TIMEOUT", 30))
+
+
+def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs); returns this rank's device."""
     import deepspeed
     fill_env_from_launcher()
@@ -44,5 +54,5 @@ def init_distributed(timeout_s: float = 1800.0) -> torch.device:
     if cuda:
         torch.cuda.set_device(local_rank)
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
-                               timeout=timedelta(seconds=timeout_s), verbose=False)
+                               timeout=timedelta(seconds=timeout_s or collective_timeout_s()), verbose=False)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
