@@ -113,3 +113,26 @@ def fmt_row(row: dict) -> str:
     rate = "-" if row.get("tflops_eff") is None else f"{row['tflops_eff']:7.1f}"
     return (f"{row['impl']:12s} B={row['B']:>8d} D={row['D']:>5d} {row['dtype']:5s} ms={ms} "
             f"peak_mib={peak} TFLOP/s={rate} {row.get('status', '')}")
+
+
+def join_ranks(rank: int, world: int, port: int):
+    """Join a benchmark's spawned ranks on 127.0.0.1 (NCCL on GPUs, gloo on CPUs).
+
+    Returns this rank's device and ``group_max(x)``, the maximum of a number over the ranks
+    (a row reports its slowest rank and its largest peak)."""
+    import deepspeed
+    import torch.distributed as torch_dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False)
+
+    def group_max(x):
+        t = torch.tensor(float(x or 0.0), device=device)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        return t.item()
+
+    return device, group_max

@@ -10,12 +10,11 @@ rate counts 8 B^2 D / W per GPU. inf-cl rows above --inf-cl-max-batch are extrap
 """
 import argparse
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from .common import extrapolated, fmt_row, free_port, is_oom, measure, run_identity, write_rows
+from .common import extrapolated, fmt_row, free_port, is_oom, join_ranks, measure, run_identity, write_rows
 from .loss import DTYPES, full_logits_loss, make_inputs, parse_sizes
 
 
@@ -68,21 +67,9 @@ def _measure(fn, image, text, scale, reps, group_max):
 
 
 def _worker(rank, world, args, port, ident):
-    import deepspeed
     import torch.distributed as torch_dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False)
-
-    def group_max(x):
-        t = torch.tensor(float(x or 0.0), device=device)
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-        return t.item()
-
+    device, group_max = join_ranks(rank, world, port)
+    cuda = device.type == "cuda"
     meta = dict(ident, world=world, argv=args.argv, checks=_check(rank, world, device))
     if rank == 0 and not all(c["ok"] for c in meta["checks"]):
         raise SystemExit("the ring failed its float64 check: not timing anything")

@@ -14,13 +14,12 @@ the JSON of an earlier command of the same commit and device.
 """
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from .common import free_port, is_oom, run_identity, write_rows
+from .common import free_port, is_oom, join_ranks, run_identity, write_rows
 from .loss import parse_sizes
 
 
@@ -115,22 +114,10 @@ def _timed_steps(step_engine, batch, steps, device):
 
 
 def _worker(rank, world, args, port, ident):
-    import deepspeed
     import torch.distributed as torch_dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False)
+    device, group_max = join_ranks(rank, world, port)
+    cuda = device.type == "cuda"
     from ..models import model_info
-
-    def group_max(x):
-        t = torch.tensor(float(x or 0.0), device=device)
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-        return t.item()
-
     out = Path(args.out)
     rows, meta = [], dict(ident, world=world, argv=args.argv, model=args.model, chunk=args.chunk, zero=args.zero)
     if args.append and out.is_file():
