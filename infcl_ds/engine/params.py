@@ -1,10 +1,18 @@
-"""Parameter fix-ups DeepSpeed needs, undone on export.
+"""Parameter fix-ups DeepSpeed needs.
 
 DeepSpeed 0.19.x broadcasts and flattens parameters through ``p.data.view(torch.uint8)``,
 which fails on a 0-dim tensor (open_clip's ``logit_scale``: "self.dim() cannot be 0 to view
 ... as Byte"). Such parameters are given shape [1] before ``deepspeed.initialize`` (the
 model's arithmetic broadcasts the same) and put back to 0-dim in exported state dicts, so
 ``open_clip.create_model(name).load_state_dict(..., strict=True)`` still takes them.
+
+ZeRO-3 gathers a module's parameters in hooks around that module's forward, but
+``nn.MultiheadAttention`` (open_clip's transformers) passes ``out_proj.weight`` to
+``F.multi_head_attention_forward`` without calling ``out_proj``. Outside the top module's
+forward that reads the shard ("mat2 must be a matrix, got 1-D tensor"); inside it DeepSpeed
+gathers the parameter on access, one blocking all-gather per parameter. Marked a ZeRO-3
+leaf, the attention module gathers all its parameters, out_proj's included, together in
+its own hook.
 """
 from typing import Dict, List
 
@@ -28,3 +36,10 @@ def restore_scalar_parameters(state_dict: Dict[str, torch.Tensor], names: List[s
         if name in out:
             out[name] = out[name].reshape(())
     return out
+
+
+def mark_zero3_leaf_modules(model: torch.nn.Module) -> None:
+    """Flag every nn.MultiheadAttention in ``model`` a ZeRO-3 leaf (before ``deepspeed.initialize``,
+    which installs the hooks); models without one are left as they are."""
+    from deepspeed.utils import set_z3_leaf_modules
+    set_z3_leaf_modules(model, [torch.nn.MultiheadAttention], raise_if_not_found=False)

@@ -12,7 +12,7 @@
 4. One optimizer step.
 """
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
@@ -35,8 +35,9 @@ def _set_rng_state(state, device):
 
 
 class ContrastiveEngine:
-    """Wraps a DeepSpeed engine around an open_clip-style model
-    (``encode_image``, ``encode_text``, ``logit_scale``)."""
+    """Wraps a DeepSpeed engine around an open_clip-style model: ``forward(image, text)``
+    giving normalised features and exp(logit_scale) as open_clip's CLIP does, or just
+    ``encode_image``, ``encode_text`` and a ``logit_scale`` parameter (see ``_encode``)."""
 
     def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
                  verify_replay: bool = False, offload_features: bool = False, grad_accum_fp32: bool = True,
@@ -68,8 +69,10 @@ class ContrastiveEngine:
         """Fix up the model's parameters for DeepSpeed, build the engine, wrap it."""
         import deepspeed
 
-        from .params import promote_scalar_parameters
+        from .params import mark_zero3_leaf_modules, promote_scalar_parameters
         scalar_names = promote_scalar_parameters(model)
+        if config.get("zero_optimization", {}).get("stage", 0) == 3:
+            mark_zero3_leaf_modules(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
                       grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile)
@@ -96,8 +99,35 @@ class ContrastiveEngine:
         return deepspeed.zero.GatheredParameters([param], modifier_rank=0 if modify else None)
 
     def _encode(self, images, texts):
-        return (F.normalize(self.model.encode_image(images), dim=-1),
-                F.normalize(self.model.encode_text(texts), dim=-1))
+        """Normalised image and text features, and exp(logit_scale) where the model's forward
+        gives it (else None: see ``_scale_in_graph``).
+
+        Through the model's own ``__call__`` where it has a forward (open_clip's CLIP returns
+        (image, text, logit_scale.exp(), ...), or a dict with ``output_dict``): ZeRO-3 gathers
+        parameters only around module forwards, and open_clip's encoders read the top module's
+        positional_embedding, text_projection and logit_scale in no submodule's forward, so a
+        direct ``encode_text`` call would see their shards. Models with only the encoders (no
+        forward) are encoded directly, fine while their parameters all sit in the submodules
+        the encoders call."""
+        if type(self.model).forward is torch.nn.Module.forward:
+            return (F.normalize(self.model.encode_image(images), dim=-1),
+                    F.normalize(self.model.encode_text(texts), dim=-1), None)
+        out = self.model(images, texts)
+        if isinstance(out, dict):
+            return out["image_features"], out["text_features"], out["logit_scale"]
+        return out[0], out[1], out[2]
+
+    @contextmanager
+    def _scale_in_graph(self, scale):
+        """exp(logit_scale) in the autograd graph for the chunk that carries its gradient: the
+        forward's own output where there is one (gathered by ZeRO-3's hooks like every other
+        parameter; in the model's dtype, so bf16 under bf16); otherwise computed here in fp32
+        from the whole parameter, which stays gathered until the backward inside the block."""
+        if scale is not None:
+            yield scale
+            return
+        with self._full(self.model.logit_scale):
+            yield self.model.logit_scale.float().exp()
 
     def _chunks(self, n):
         return [(i, min(i + self.chunk_size, n)) for i in range(0, n, self.chunk_size)]
@@ -139,7 +169,7 @@ class ContrastiveEngine:
         with torch.no_grad():
             for lo, hi in chunks:
                 states.append(_rng_state(device))
-                fi, ft = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                fi, ft, _ = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
                 if stores is None:
                     stores = (self._store(len(batch), fi), self._store(len(batch), ft))
                 stores[0][lo:hi].copy_(fi, non_blocking=True)
@@ -175,14 +205,14 @@ class ContrastiveEngine:
                     grad_sum.restore()
                 sync = nullcontext() if (stage >= 1 or last) else self.engine.no_sync()
                 with sync:
-                    fi, ft = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                    fi, ft, scale = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
                     if cached is not None:
                         self._check_replay(k, fi, cached[0][lo:hi].to(device), ft, cached[1][lo:hi].to(device))
                     gi, gt = (g[lo:hi].to(device, non_blocking=True) for g in feat_grads)
                     surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
                     if k == 0:  # d loss / d logit_scale = d loss / d s * s, counted once
-                        with self._full(self.model.logit_scale):
-                            surrogate = surrogate + (self.model.logit_scale.float().exp() * scale_grad).sum()
+                        with self._scale_in_graph(scale) as s:
+                            surrogate = surrogate + (s.float() * scale_grad).sum()
                             self.engine.backward(surrogate, scale_wrt_gas=False)
                     else:
                         self.engine.backward(surrogate, scale_wrt_gas=False)
