@@ -81,8 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-memory", type=parse_size, default=None,
                    help="per node (default: 2TiB, reported as assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
-    p.add_argument("--encoder-tflops", type=float, default=DEFAULT_ENCODER_TFLOPS,
-                   help="assumed sustained encoder rate per GPU, bf16")
+    p.add_argument("--encoder-tflops", type=float, default=None,
+                   help="effective encoder rate per GPU, bf16, for every model (default: the model's measured "
+                        f"rates if any, else {DEFAULT_ENCODER_TFLOPS:g}, ViT-B-16's measured rate)")
     p.add_argument("--max-step-time", type=float, default=None, metavar="SECONDS",
                    help="a step-time budget, weighed as a third limit")
     p.add_argument("--rates", default=None, help="loss.json of `infcl-ds bench loss` (default: docs/benchmarks)")

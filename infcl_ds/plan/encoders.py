@@ -4,34 +4,62 @@ Only what the planner needs, computed from the JSON config without building the 
 ViT-L-14 would take seconds and 1.7 GB): open_clip's VisionTransformer and TextTransformer
 towers. Other towers (timm, Hugging Face, ResNet) are refused by name rather than guessed.
 
-Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-Transformer Models", eq. 2): one transformer layer stores s*b*h*(34 + 5*a*s/h) bytes with
-16-bit activations (sequence s, batch b, width h, heads a). That formula assumes unfused
-attention (the 5*a*s/h term stores the a*s*s scores) and dropout masks; open_clip runs
-PyTorch's fused attention and has no dropout, so it is an upper bound until calibrated
-against GPU measurements in ACTIVATION_CALIBRATION.
+Activations are counted tensor by tensor: what autograd saves for the backward in one
+open_clip ResidualAttentionBlock (batch-first nn.MultiheadAttention, which calls
+F.scaled_dot_product_attention: flash attention for the image tower, memory-efficient
+attention for the causally masked text tower; neither stores the s x s scores) and no
+dropout. Per token, in the compute dtype: the block input x (ln_1's), ln_1's output (the
+qkv projection's input), q, k and v (one buffer), the attention output (out_proj's input),
+x after the first residual (ln_2's), ln_2's output (c_fc's input), c_fc's output (GELU's)
+and GELU's output (c_proj's): 8 h + 2 m values (16 h at mlp_ratio 4). In fp32: the two
+LayerNorms' mean and rstd (16 B) and the attention's log-sum-exp per head (4 a B). QuickGELU
+saves its sigmoid too (+ m), each LayerScale its input (+ h). Per tower: ln_pre's and
+ln_post's inputs and, with token pooling, ln_post's output (the pooled row is a view of it,
+and the projection's matmul saves it); the text tower ln_final's input; the chunk's images
+in the compute dtype (the patch embedding's input). This is Korthikanti et al.'s 34 s h
+bytes per layer without the dropout masks and the a s^2 scores term (their eq. 2 assumes
+unfused attention). The counts are checked against autograd's saved tensors on the CPU
+(tests/test_plan.py); ACTIVATION_CALIBRATION scales them to a GPU measurement (the
+backward's transient buffers, allocator rounding).
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from .errors import PlanError
 
-# Korthikanti et al.: bytes per token per unit width of one layer (16-bit activations), and
-# the coefficient of the attention-score term a*s/h.
-LAYER_ACT_BYTES_PER_TOKEN_WIDTH = 34
-ATTN_SCORE_BYTES = 5
-# With activation checkpointing each layer keeps only its input: s*h values in 16 bit.
-CHECKPOINT_BYTES_PER_TOKEN_WIDTH = 2
+# Saved values per token of one layer, in the compute dtype: 8 of width h and 2 of the MLP
+# width m (see above); QuickGELU adds 1 of width m, each of the two LayerScales 1 of width h.
+LAYER_VALUES_H, LAYER_VALUES_M = 8, 2
+# Saved fp32 bytes per token of one layer: the two LayerNorms' mean and rstd; and per head
+# the attention's log-sum-exp (memory-efficient attention pads it to 32 tokens: ignored).
+NORM_STAT_BYTES = 2 * 2 * 4
+LSE_BYTES_PER_HEAD = 4
+# With activation checkpointing (open_clip checkpoints each block) a layer keeps its input only.
+CHECKPOINT_VALUES_H = 1
 
-# Measured / estimated activation bytes of one chunk, per (model, grad_checkpointing); None
-# until measured on a GPU (e.g. torch.cuda.max_memory_allocated around one chunk's
-# forward + backward, minus what was allocated before). The estimate is multiplied by it.
-ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], Optional[float]] = {
-    ("ViT-B-16", False): None,
-    ("ViT-B-16", True): None,
-    ("ViT-L-14", False): None,
-    ("ViT-L-14", True): None,
+# Measured activation bytes over the counted ones, per (model, grad_checkpointing). Fitted
+# on ONE configuration: docs/benchmarks/train.json, the B = 65,536 row (ViT-B-16 at 224 px,
+# bf16, ZeRO-2, chunk 256, 2 x H200, torch 2.11, open_clip's default attention): the
+# re-encode phase's torch.cuda.max_memory_allocated, 20,283.1 MiB, less the planner's other
+# encoder-pass components (parameters 285.4, optimizer states 856.1, fp32 gradient sum
+# 570.8, cached feature gradients 64.0 MiB: 1,776.3 MiB), leaves 18,506.9 MiB of activations
+# against 18,242.1 MiB counted (chunk 256 x 74,719,808 B): x1.0145, the backward's transient
+# buffers and allocator rounding. The B = 262,144 and 1,048,576 rows are the check
+# (docs/planner.md). `python -m infcl_ds.plan.calibrate` redoes the fit.
+ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {
+    ("ViT-B-16", False): 1.0145,
 }
+# Any other model, or checkpointing on: the ViT-B-16 factor, transferred, not measured.
+DEFAULT_ACTIVATION_CALIBRATION = ACTIVATION_CALIBRATION[("ViT-B-16", False)]
+CALIBRATION_SOURCE = "docs/benchmarks/train.json, B=65536 row (ViT-B-16, chunk 256, 2 x H200)"
+
+
+def activation_calibration(name: str, checkpointing: bool) -> Tuple[float, bool]:
+    """(factor, measured): the fitted factor for this model and checkpointing setting, else
+    the transferred default."""
+    factor = ACTIVATION_CALIBRATION.get((name, checkpointing))
+    return (factor, True) if factor is not None else (DEFAULT_ACTIVATION_CALIBRATION, False)
+
 
 # Config keys whose architectural effect the formulas below cover. Anything else changes the
 # parameter count or the activations in ways not modelled (e.g. timm/HF towers, attentional
@@ -54,6 +82,9 @@ class Tower:
     tokens: int
     params: int                 # every parameter of the tower, its projection included
     extra_flops: int            # per sample, outside the layers: patch embedding, projection
+    extra_values: int = 1       # saved s x h tensors outside the layers (final norms' in/outputs)
+    layer_scale: bool = False
+    quick_gelu: bool = False
 
     def forward_flops(self) -> int:
         """Per sample: 2 FLOPs per multiply-add of every linear layer on every token, plus the
@@ -62,15 +93,21 @@ class Tower:
         per_layer = 2 * s * (4 * h * h + 2 * h * m) + 4 * s * s * h
         return self.layers * per_layer + self.extra_flops
 
-    def layer_activation_bytes(self, elem: int) -> float:
-        """One layer's stored activations per sample (Korthikanti et al.), scaled from 16 bit
-        to ``elem`` bytes per value."""
-        s, h, a = self.tokens, self.width, self.heads
-        return s * h * (LAYER_ACT_BYTES_PER_TOKEN_WIDTH + ATTN_SCORE_BYTES * a * s / h) * elem / 2
+    def layer_activation_bytes(self, elem: int, stat_bytes: int = 4) -> int:
+        """One layer's saved activations per sample (module docstring): ``elem`` bytes per
+        value, ``stat_bytes`` per LayerNorm statistic (fp32 on CUDA; the input's dtype on CPU)."""
+        s, h, m, a = self.tokens, self.width, self.mlp_width, self.heads
+        values = (LAYER_VALUES_H * h + LAYER_VALUES_M * m + (m if self.quick_gelu else 0)
+                  + (2 * h if self.layer_scale else 0))
+        return s * (values * elem + NORM_STAT_BYTES * stat_bytes // 4 + LSE_BYTES_PER_HEAD * a)
 
-    def checkpoint_bytes(self, elem: int) -> float:
+    def outside_layers_bytes(self, elem: int) -> int:
+        """Per sample, saved outside the layers: the final norms' inputs/outputs (s x h each)."""
+        return self.extra_values * self.tokens * self.width * elem
+
+    def checkpoint_bytes(self, elem: int) -> int:
         """Per sample, with activation checkpointing: every layer's input."""
-        return self.layers * CHECKPOINT_BYTES_PER_TOKEN_WIDTH * self.tokens * self.width * elem / 2
+        return self.layers * CHECKPOINT_VALUES_H * self.tokens * self.width * elem
 
 
 @dataclass(frozen=True)
@@ -94,21 +131,25 @@ class ModelEstimate:
         """One sample as the data pipeline holds it: uint8 image [3, H, W] + int64 tokens."""
         return 3 * self.image_size ** 2 + 8 * self.context_length
 
-    def activation_bytes(self, chunk: int, elem: int, checkpointing: bool) -> float:
-        """Stored activations of one chunk through both towers (the engine's with-grad pass
-        encodes a chunk's images and texts, then backpropagates both): every layer's, or with
-        checkpointing every layer's input plus one layer recomputed at a time. The chunk's
-        images also stay on the device as uint8 and in the compute dtype (the patch
-        embedding saves its input)."""
+    def counted_activation_bytes(self, elem: int, checkpointing: bool, stat_bytes: int = 4) -> int:
+        """Saved activations of one sample through both towers, as counted (module docstring):
+        every layer's, or with checkpointing every layer's input plus one layer recomputed at
+        a time; and outside the layers the final norms' tensors and the images in the compute
+        dtype (the patch embedding's saved input; the uint8 copy is freed by then)."""
         towers = (self.image, self.text)
         if checkpointing:
             per_sample = (sum(t.checkpoint_bytes(elem) for t in towers)
-                          + max(t.layer_activation_bytes(elem) for t in towers))
+                          + max(t.layer_activation_bytes(elem, stat_bytes) for t in towers))
         else:
-            per_sample = sum(t.layers * t.layer_activation_bytes(elem) for t in towers)
-        per_sample += 3 * self.image_size ** 2 * (1 + elem)
-        factor = ACTIVATION_CALIBRATION.get((self.name, checkpointing)) or 1.0
-        return chunk * per_sample * factor
+            per_sample = sum(t.layers * t.layer_activation_bytes(elem, stat_bytes) for t in towers)
+        per_sample += sum(t.outside_layers_bytes(elem) for t in towers)
+        return per_sample + 3 * self.image_size ** 2 * elem
+
+    def activation_bytes(self, chunk: int, elem: int, checkpointing: bool) -> float:
+        """Activations of one chunk at the peak of its backward: the counted bytes times the
+        calibration factor (ACTIVATION_CALIBRATION)."""
+        factor, _ = activation_calibration(self.name, checkpointing)
+        return chunk * self.counted_activation_bytes(elem, checkpointing) * factor
 
 
 def _check_keys(where: str, cfg: dict, allowed: set, name: str) -> None:
@@ -127,7 +168,7 @@ def _layers_params(cfg: dict, layers: int, width: int, mlp: int) -> int:
     return layers * per_layer
 
 
-def vision_tower(cfg: dict, embed_dim: int, name: str) -> Tower:
+def vision_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -> Tower:
     _check_keys("vision_cfg", cfg, _VISION_KEYS, name)
     layers, width = cfg.get("layers", 12), cfg.get("width", 768)
     if not isinstance(layers, int):
@@ -143,12 +184,16 @@ def vision_tower(cfg: dict, embed_dim: int, name: str) -> Tower:
               + 2 * width + 2 * width         # ln_pre, ln_post
               + _layers_params(cfg, layers, width, mlp)
               + width * embed_dim)            # proj
+    # ln_pre's and ln_post's inputs; with token pooling (the default) or none, ln_post's
+    # output too: the pooled row is a view of it, saved by the projection's matmul.
+    extra = 3 if cfg.get("pool_type", "tok") in ("tok", "none") else 2
     return Tower(layers=layers, width=width, heads=width // cfg.get("head_width", 64), mlp_width=mlp,
                  tokens=tokens, params=params,
-                 extra_flops=2 * patches * 3 * patch * patch * width + 2 * width * embed_dim)
+                 extra_flops=2 * patches * 3 * patch * patch * width + 2 * width * embed_dim,
+                 extra_values=extra, layer_scale=cfg.get("ls_init_value") is not None, quick_gelu=quick_gelu)
 
 
-def text_tower(cfg: dict, embed_dim: int, name: str) -> Tower:
+def text_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -> Tower:
     _check_keys("text_cfg", cfg, _TEXT_KEYS, name)
     layers, width = cfg.get("layers", 12), cfg.get("width", 512)
     context, vocab = cfg.get("context_length", 77), cfg.get("vocab_size", 49408)
@@ -157,8 +202,11 @@ def text_tower(cfg: dict, embed_dim: int, name: str) -> Tower:
               + 2 * width                       # ln_final
               + _layers_params(cfg, layers, width, mlp)
               + width * embed_dim)              # text_projection
+    # ln_final's input; with first/last-token pooling (a view) or none, its output too.
+    extra = 2 if cfg.get("pool_type", "argmax") in ("first", "last", "none") else 1
     return Tower(layers=layers, width=width, heads=cfg.get("heads", 8), mlp_width=mlp, tokens=context,
-                 params=params, extra_flops=2 * width * embed_dim)
+                 params=params, extra_flops=2 * width * embed_dim, extra_values=extra,
+                 layer_scale=cfg.get("ls_init_value") is not None, quick_gelu=quick_gelu)
 
 
 def model_config(name: str) -> dict:
@@ -182,6 +230,8 @@ def estimate_model(name: str, cfg: Optional[dict] = None) -> ModelEstimate:
     _check_keys("the config", cfg, _TOP_KEYS, name)
     embed_dim = cfg["embed_dim"]
     vision, text = cfg["vision_cfg"], cfg["text_cfg"]
+    quick = bool(cfg.get("quick_gelu", False))
     return ModelEstimate(name=name, embed_dim=embed_dim, image_size=vision.get("image_size", 224),
                          context_length=text.get("context_length", 77),
-                         image=vision_tower(vision, embed_dim, name), text=text_tower(text, embed_dim, name))
+                         image=vision_tower(vision, embed_dim, name, quick),
+                         text=text_tower(text, embed_dim, name, quick))

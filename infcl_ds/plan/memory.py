@@ -1,30 +1,46 @@
 """Bytes per GPU and per node for one training step, component by component.
 
-A step has two phases that never overlap in time (infcl_ds/engine/step.py):
+A step has phases that never overlap in time (infcl_ds/engine/step.py); what each holds:
 
+encoder pass  the peak of one chunk's re-encode with grad, at the start of its backward: the
+              chunk's activations, and what lives across chunks: the fp32 sum of the chunk
+              gradients (engine/grad_sum.py: each chunk's bf16 gradients are folded into it
+              and freed, so they fill in only as the backward frees the activations), or
+              without that sum the gradients themselves, accumulating on the parameters; and
+              the cached feature gradients it backpropagates (in pinned host memory instead
+              with batch.offload_features; the engine brings them to the GPU for the loss).
+reduction     the end of the re-encode, activations freed: the whole gradients, and under
+              ZeRO-1/2 DeepSpeed's reduce buckets and gradient partition, allocated only here
+              (inside coalesce_grad_reduction() the per-parameter reduction hooks return
+              early; the flush on exit calls setup_buckets()).
 loss          the cached features of the whole local batch and their gradients, and the
-              loss's buffers (the ring's over several ranks). No parameter gradients yet.
-encoder pass  each chunk re-encoded with grad: its activations, the parameter gradients,
-              and the cached feature gradients it backpropagates (in pinned host memory
-              instead with batch.offload_features; the engine brings them to the GPU for the
-              loss only).
+              loss's buffers (the ring's over several ranks). No parameter gradients.
 
-Parameters, optimizer states, ZeRO's buffers and the runtime reserve are there throughout.
-The peak per GPU is the larger phase.
+Parameters, optimizer states, ZeRO-3's buffers and the runtime reserve are there throughout.
+The peak per GPU is the largest phase. Everything but the runtime reserve is memory that
+torch's caching allocator hands out, i.e. what torch.cuda.max_memory_allocated reports;
+the reserve stands for what it does not see (CUDA context, NCCL, fragmentation).
+
+Checked against docs/benchmarks/train.json (ViT-B-16, 2 x H200, docs/planner.md): the
+encoder pass is fitted there at B = 64k (encoders.ACTIVATION_CALIBRATION) and predicted at
+256k and 1M; the loss phase and the fixed terms are not fitted (the measured optimizer
+step, 1,781 MiB, holds the predicted parameters + optimizer states, 1,141 MiB, and
+DeepSpeed's gradient partitions).
 """
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
-from ..ops.block import panel_width
+from ..ops.block import panel_rows, panel_width
 from .encoders import ModelEstimate
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
-# Guesses until calibrated on GPUs. GPU: CUDA context, NCCL channel buffers, cuBLAS
-# workspaces and the caching allocator's fragmentation. Host, per rank: Python, torch and the
-# CUDA host libraries, and the rank's data-loader worker processes.
+# Guesses, not measured (the benchmark reads torch.cuda.max_memory_allocated, which leaves
+# these out). GPU: CUDA context, NCCL channel buffers and the caching allocator's
+# fragmentation (reserved but not allocated). Host, per rank: Python, torch and the CUDA host
+# libraries, and the rank's data-loader worker processes.
 GPU_RUNTIME_RESERVE = 2 * GIB
 HOST_RESERVE_PER_RANK = 8 * GIB
 # torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
@@ -35,8 +51,8 @@ PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", 
 ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
 ACTIVATIONS, FEATURES, FEATURE_GRADS, LOSS_BUFFERS = ("activations (one chunk)", "cached features",
                                                       "cached feature gradients", "loss and ring buffers")
-ENCODER_PASS, LOSS = "encoder pass", "loss"
-_THROUGHOUT = (PARAMS, OPTIM, ZERO_BUFFERS, RUNTIME)
+ENCODER_PASS, REDUCTION, LOSS = "encoder pass", "reduction", "loss"
+_THROUGHOUT = (PARAMS, OPTIM, RUNTIME)
 
 
 def gib(nbytes: float) -> str:
@@ -69,10 +85,13 @@ def model_state_bytes(params: int, dtype: str, stage: int, world: int, grad_accu
             GRAD_SUM: grad_sum * params}
 
 
-def zero_buffer_bytes(zero: dict, elem: int) -> int:
-    """DeepSpeed's gradient-reduction buckets, allocated whole whatever the model's size:
-    reduce_bucket_size elements each, two of them with overlap_comm (double buffering);
-    ZeRO-3 also gathers parameters ahead of use in a prefetch bucket. Defaults as DeepSpeed's."""
+def zero_buffer_bytes(zero: dict, elem: int, params: int = 0, world: int = 1) -> int:
+    """DeepSpeed's gradient-reduction buffers (defaults as DeepSpeed's). ZeRO-1/2 with
+    contiguous gradients: reduce_bucket_size elements per bucket, two with overlap_comm
+    (double buffering), allocated whole whatever the model's size, and the rank's gradient
+    partition (P / W elements) the reduced gradients are copied into; both only at the
+    step's one coalesced reduction (module docstring). ZeRO-3: the reduce buckets and the
+    prefetch bucket, counted throughout (not measured)."""
     stage = zero.get("stage", 0)
     if stage == 0 or not zero.get("contiguous_gradients", True):
         return 0
@@ -80,6 +99,8 @@ def zero_buffer_bytes(zero: dict, elem: int) -> int:
     total = buckets * int(zero.get("reduce_bucket_size", 5e8)) * elem
     if stage == 3:
         total += int(zero.get("stage3_prefetch_bucket_size", 5e7)) * elem
+    else:
+        total += _shard(params, world) * elem
     return total
 
 
@@ -93,17 +114,19 @@ def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
     larger pass), for a local batch of ``local`` on every rank.
 
     Over several ranks (parallel/ring_loss.py): two visiting text blocks (features' dtype)
-    with their column statistics (fp32); two fp32 partial text gradients, one received
-    partial, the fp32 text and image gradient accumulators. On one GPU (ops/clip.py): the
-    fp32 image gradient. Both: the row and column statistics saved by the forward, and the
-    kernels' G panel (ops/block.py; features' dtype on the GPU).
+    with their column statistics (fp32); three fp32 partial text gradients (one in flight,
+    one filling, one receiving) and the fp32 image gradient accumulator. On one GPU
+    (ops/clip.py): the fp32 image gradient. Both: the row and column statistics saved by the
+    forward, and the kernels' G tile (ops/block.py; features' dtype on the GPU), which is
+    capped at PANEL_MAX_BYTES.
     """
     stats = 2 * 4
     if world > 1:
-        per_sample = 2 * dim * elem + 2 * 4 + 2 * dim * 4 + 3 * dim * 4 + stats
+        per_sample = 2 * dim * elem + 2 * 4 + 3 * dim * 4 + dim * 4 + stats
     else:
         per_sample = dim * 4 + stats
-    panel = local * min(panel_width(local, local, dim, elem), local) * elem
+    width = min(panel_width(local, local, dim, elem), local)
+    panel = min(local, panel_rows(local, width, elem)) * width * elem
     return local * per_sample + panel
 
 
@@ -124,24 +147,34 @@ class GpuMemory:
     def peak(self) -> int:
         return self.phase_bytes(self.peak_phase)
 
+    @property
+    def allocated_peak(self) -> int:
+        """The peak less the runtime reserve: what torch.cuda.max_memory_allocated should read."""
+        return self.peak - (self.components[RUNTIME] if RUNTIME in self.phases[self.peak_phase] else 0)
+
 
 def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     elem = DTYPE_BYTES[recipe.precision.dtype]
     local = recipe.local_batch(world)
+    stage = recipe.zero.stage
     zero = build_deepspeed_config(recipe, world).get("zero_optimization", {})
-    components = model_state_bytes(model.params, recipe.precision.dtype, recipe.zero.stage, world,
+    components = model_state_bytes(model.params, recipe.precision.dtype, stage, world,
                                    recipe.precision.grad_accum_fp32)
     components.update({
-        ZERO_BUFFERS: zero_buffer_bytes(zero, elem),
+        ZERO_BUFFERS: zero_buffer_bytes(zero, elem, model.params, world),
         RUNTIME: GPU_RUNTIME_RESERVE,
         ACTIVATIONS: int(model.activation_bytes(recipe.batch.chunk, elem, recipe.model.grad_checkpointing)),
         FEATURES: feature_bytes(local, model.embed_dim, elem),
         FEATURE_GRADS: feature_bytes(local, model.embed_dim, elem),
         LOSS_BUFFERS: loss_bytes(local, model.embed_dim, elem, world),
     })
-    encoder = _THROUGHOUT + (GRADS, GRAD_SUM, ACTIVATIONS) + (() if recipe.batch.offload_features else (FEATURE_GRADS,))
-    loss = _THROUGHOUT + (FEATURES, FEATURE_GRADS, LOSS_BUFFERS)
-    return GpuMemory(components, {ENCODER_PASS: encoder, LOSS: loss})
+    always = _THROUGHOUT + ((ZERO_BUFFERS,) if stage >= 3 else ())
+    feature_grads = () if recipe.batch.offload_features else (FEATURE_GRADS,)
+    across_chunks = GRAD_SUM if components[GRAD_SUM] else GRADS
+    encoder = always + (across_chunks, ACTIVATIONS) + feature_grads
+    reduction = always + (GRADS,) + (() if stage >= 3 else (ZERO_BUFFERS,)) + feature_grads
+    loss = always + (FEATURES, FEATURE_GRADS, LOSS_BUFFERS)
+    return GpuMemory(components, {ENCODER_PASS: encoder, REDUCTION: reduction, LOSS: loss})
 
 
 INPUTS, OFFLOADED, PROCESSES = "input batches", "offloaded features + gradients", "process reserve"

@@ -15,7 +15,7 @@ from ..config import Recipe, check_world
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError
-from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, StepTime, step_time
+from .timing import DEFAULT_NETWORK, NETWORKS, KernelRates, StepTime, step_time
 
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
 DEFAULT_HOST_MEMORY = 2 << 40
@@ -71,6 +71,12 @@ class Plan:
         return self.gpu.peak
 
     @property
+    def allocated_peak_bytes(self) -> int:
+        """The peak less the runtime reserve: what torch.cuda.max_memory_allocated should read
+        (the quantity `infcl-ds bench train` measures)."""
+        return self.gpu.allocated_peak
+
+    @property
     def host_bytes(self) -> int:
         return sum(self.host.values())
 
@@ -117,7 +123,7 @@ def _time_growth(time: StepTime, budget: float) -> float:
 
 
 def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int, host_memory_bytes: int,
-           rates: KernelRates, *, encoder_tflops: float, network: str, max_step_s: Optional[float],
+           rates: KernelRates, *, encoder_tflops: Optional[float], network: str, max_step_s: Optional[float],
            model: Optional[ModelEstimate] = None) -> Plan:
     """The plan's numbers, without a verdict. Raises RecipeError if the batch does not split
     over ``gpus``."""
@@ -140,13 +146,15 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
-              host_memory_bytes: Optional[int] = None, *, encoder_tflops: float = DEFAULT_ENCODER_TFLOPS,
+              host_memory_bytes: Optional[int] = None, *, encoder_tflops: Optional[float] = None,
               network: str = DEFAULT_NETWORK, max_step_s: Optional[float] = None,
               rates: Optional[KernelRates] = None) -> Plan:
     """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each, ``gpus_per_node`` per node
     with ``host_memory_bytes`` of host memory each (default: DEFAULT_HOST_MEMORY, marked as
-    assumed). Raises RecipeError when the batch does not split over the GPUs and PlanError when
-    the model cannot be estimated; a recipe that does not fit gets ``fits == False`` and a
+    assumed). ``encoder_tflops`` None: the measured encoder rates of the model if there are
+    some, else timing.DEFAULT_ENCODER_TFLOPS; a number: that rate for every model. Raises
+    RecipeError when the batch does not split over the GPUs and PlanError when the model
+    cannot be estimated; a recipe that does not fit gets ``fits == False`` and a
     verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")

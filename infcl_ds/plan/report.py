@@ -2,6 +2,7 @@
 from typing import List, Sequence
 
 from . import memory as mem
+from .encoders import CALIBRATION_SOURCE, activation_calibration
 from .plan import GPU_LIMIT, HOST_LIMIT, Plan
 from .timing import NETWORKS, NVLINK, KernelRates, Rate, ScalingRow, min_hidden_block
 
@@ -38,6 +39,12 @@ def _gpu_table(plan: Plan) -> List[str]:
         cells = "".join(f"{mem.gib(nbytes) if name in gpu.phases[p] else '-':>14}" for p in phases)
         lines.append(f"  {name:<28}{cells}")
     lines.append(f"  {'total':<28}" + "".join(f"{mem.gib(gpu.phase_bytes(p)):>14}" for p in phases))
+    factor, measured = activation_calibration(plan.model.name, plan.recipe.model.grad_checkpointing)
+    calibration = (f"x{factor:.4f} fitted to {CALIBRATION_SOURCE}" if measured else
+                   f"x{factor:.4f}, ViT-B-16's factor, not measured for this model/setting")
+    lines.append(f"peak: {gpu.peak_phase}; allocated through torch {gpu.allocated_peak / 2**20:,.0f} MiB (what "
+                 f"torch.cuda.max_memory_allocated reads) + runtime reserve {mem.gib(gpu.components[mem.RUNTIME])} "
+                 f"GiB (a guess); activations: counted {calibration}")
     return lines
 
 
@@ -56,11 +63,13 @@ def _host_line(plan: Plan) -> str:
 def _time_lines(plan: Plan) -> List[str]:
     t, m = plan.time, plan.model
     passes = t.encoder_flops / m.forward_flops()
-    step = (f"step time: {t.total:.1f} s = encoders {t.encoders:.1f} s ({passes:.0f} passes x "
-            f"{m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
-            f"{t.encoder_rate / 1e12:.0f} TFLOP/s, assumed) + loss {t.loss:.1f} s "
-            f"(8 B^2 D / {plan.gpus} GPUs at {describe_rate(t.rate)})")
-    lines = [step]
+    recompute = " + recomputed forward" if plan.recipe.model.grad_checkpointing else ""
+    step = (f"step time: {t.total:.1f} s = encode {t.encode:.1f} s (no-grad forward) + loss {t.loss:.1f} s + "
+            f"re-encode {t.reencode:.1f} s (forward + backward{recompute}); optimizer step not modelled")
+    lines = [step,
+             f"  encoders: {passes:.0f} passes x {m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
+             f"{t.encoder_rate / 1e12:.0f} TFLOP/s per GPU: {t.encoder_source}",
+             f"  loss: 8 B^2 D / {plan.gpus} GPUs at {describe_rate(t.rate)}"]
     per_gpu = plan.local_batch / t.total
     lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} per "
                  f"node) to keep up; data loading is not modelled")

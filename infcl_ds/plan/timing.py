@@ -1,4 +1,20 @@
-"""Step time from measured kernel rates, an assumed encoder rate and stated link bandwidths.
+"""Step time from measured kernel and encoder rates and stated link bandwidths.
+
+A step is what the engine does (infcl_ds/engine/step.py), phase by phase:
+
+encode     every chunk through both towers once, without grad;
+loss       the ring over the cached features;
+re-encode  every chunk again with grad, forward and backward (with activation
+           checkpointing the backward recomputes each layer's forward once more);
+optimizer  one step on the rank's partition: measured at 0.03-0.04 s for ViT-B-16 on 2 GPUs
+           (docs/benchmarks/train.json), under 0.2% of those steps; not modelled.
+
+Encoders: for a model in MEASURED_ENCODER_RATES, the seconds per sample per GPU that
+`infcl-ds bench train` measured for the encode and re-encode phases (bf16; fp32 models at
+FP32_ENCODER_SLOWDOWN times that). For any other model, or with --encoder-tflops, the
+passes' FLOPs (1 forward, then 3: forward + a backward of twice the forward; 4 with
+checkpointing) at an effective rate per GPU: DEFAULT_ENCODER_TFLOPS, ViT-B-16's measured
+rate, unless one is given.
 
 Loss: the effective work of the bidirectional loss is 8 B^2 D FLOPs (docs/benchmarks.md:
 forward 2 B^2 D, backward 6 B^2 D), split evenly over W GPUs by the ring, each running W
@@ -8,10 +24,6 @@ the next one travels: forward the text block (features' dtype) and its column st
 backward the block again, its statistics and an fp32 partial gradient. A hop takes the
 longer of the two; all ranks move in step, so the slowest link in the ring sets it (the
 one hop between nodes once the ring leaves a node). Per-message latency is not modelled.
-
-Encoders: 4 forward passes' FLOPs per sample (the no-grad forward, the forward again with
-grad, a backward of twice the forward), 5 with activation checkpointing (one more forward
-in the backward), at an assumed sustained rate.
 """
 import bisect
 import json
@@ -26,9 +38,42 @@ from .memory import DTYPE_BYTES
 
 MEASURED_RATES = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "loss.json"
 
-# Sustained encoder rate, bf16, H100/H200 class: about 40% of the 989 TFLOP/s dense peak,
-# what OpenCLIP ViT training typically reaches (35-50% MFU). fp32 models run TF32 at half.
-DEFAULT_ENCODER_TFLOPS = 400.0
+@dataclass(frozen=True)
+class EncoderRate:
+    """The encode and re-encode phases of one measured engine step, per GPU."""
+    samples: int             # local batch of the measured step
+    encode_s: float          # no-grad forward of all its chunks
+    reencode_s: float        # forward with grad + backward of all its chunks
+    source: str
+
+    @property
+    def forward(self) -> float:
+        """Seconds per sample of the no-grad forward."""
+        return self.encode_s / self.samples
+
+    @property
+    def forward_backward(self) -> float:
+        """Seconds per sample of the forward with grad and the backward."""
+        return self.reencode_s / self.samples
+
+
+# Measured encoder rates, by open_clip model name. Fitted on ONE configuration: the
+# B = 65,536 row of docs/benchmarks/train.json (`bash launch/bench_gpu.sh train --model
+# ViT-B-16 --batch 64k,256k,1m --chunk 256 --impl infcl_ds`: 2 x H200, bf16, ZeRO-2,
+# chunk 256, torch 2.11, open_clip's eager ViT with F.scaled_dot_product_attention, fused
+# torch AdamW; each phase the slower rank's). The 262,144 and 1,048,576 rows are the check
+# (docs/planner.md). Not measured: other chunk sizes, other GPUs (an H100's lower memory
+# bandwidth slows eager open_clip's elementwise kernels), activation checkpointing.
+MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
+    "ViT-B-16": EncoderRate(samples=32768, encode_s=5.4314727783203125, reencode_s=15.730368614196777,
+                            source="docs/benchmarks/train.json, B=65536 row (2 x H200, chunk 256)"),
+}
+# Models not measured: ViT-B-16's effective rate there, 4 x 41.09 GFLOP x 32,768 samples in
+# 21.16 s = 254 TFLOP/s per GPU (2 FLOPs per multiply-add; 127 T multiply-adds/s), transferred.
+# Larger models' bigger matrix products likely run faster, so this likely overstates their
+# step time. (Before the measurement the planner assumed 400.)
+DEFAULT_ENCODER_TFLOPS = 254.0
+# fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
 
 # Bytes per second one way. NVLink 4 (H100/H200 SXM) is 900 GB/s counting both directions; a
@@ -139,13 +184,20 @@ def ring_hop(block: int, dim: int, elem: int, rate: float, forward_fraction: flo
 
 @dataclass(frozen=True)
 class StepTime:
-    encoders: float       # seconds
+    encode: float         # seconds: the no-grad forward of the local batch
+    reencode: float       # seconds: its forward with grad and backward
     loss: float
     hop: Optional[RingHop]
     rate: Rate
     encoder_flops: float  # per sample, all passes
-    encoder_rate: float
+    encoder_rate: float   # effective FLOP/s per GPU of the encoders (measured or assumed)
+    encoder_source: str   # where the encoder rate comes from
+    encoder_measured: bool = False
     hiding_block: Optional[int] = None  # the smallest local batch whose hops hide their transfers
+
+    @property
+    def encoders(self) -> float:
+        return self.encode + self.reencode
 
     @property
     def total(self) -> float:
@@ -153,16 +205,43 @@ class StepTime:
 
 
 def encoder_passes(checkpointing: bool) -> int:
+    """Forward-pass equivalents per sample: the no-grad forward, the forward with grad, a
+    backward of twice the forward, and with checkpointing the recomputed forward."""
     return 5 if checkpointing else 4
+
+
+def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: bool,
+                  encoder_tflops: Optional[float] = None) -> tuple:
+    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU."""
+    slowdown = FP32_ENCODER_SLOWDOWN if dtype == "fp32" else 1.0
+    flops = model.forward_flops()
+    measured = MEASURED_ENCODER_RATES.get(model.name) if encoder_tflops is None else None
+    if measured is not None:
+        encode = local * measured.forward * slowdown
+        # The recomputed forward in the backward counted as one more no-grad forward.
+        reencode = local * (measured.forward_backward + (measured.forward if checkpointing else 0.0)) * slowdown
+        source = f"measured ({measured.source})" + (", x2 for fp32 (a guess)" if slowdown > 1 else "")
+        rate = encoder_passes(checkpointing) * flops * local / (encode + reencode)
+        return encode, reencode, rate, source, True
+    if encoder_tflops is None:
+        encoder_tflops = DEFAULT_ENCODER_TFLOPS
+        source = f"ViT-B-16's measured rate, not measured for {model.name}"
+    else:
+        source = "assumed (--encoder-tflops)"
+    rate = encoder_tflops * 1e12 / slowdown
+    backward_passes = encoder_passes(checkpointing) - 1
+    return flops * local / rate, backward_passes * flops * local / rate, rate, source, False
 
 
 def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpointing: bool, rates: KernelRates,
               gpus_per_node: int, network: str = DEFAULT_NETWORK,
-              encoder_tflops: float = DEFAULT_ENCODER_TFLOPS) -> StepTime:
+              encoder_tflops: Optional[float] = None) -> StepTime:
+    """The step's phases on each GPU; ``encoder_tflops`` None: measured encoder rates where
+    there are some (MEASURED_ENCODER_RATES), else DEFAULT_ENCODER_TFLOPS."""
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
-    encoder_rate = encoder_tflops * 1e12 / (FP32_ENCODER_SLOWDOWN if dtype == "fp32" else 1.0)
-    per_sample = encoder_passes(checkpointing) * model.forward_flops()
+    encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
+                                                                     encoder_tflops)
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
@@ -170,8 +249,9 @@ def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpoi
         hop = ring_hop(local, model.embed_dim, elem, rate.flops, rates.forward_fraction, link, bandwidth)
         loss = world * hop.time
         hiding = min_hidden_block(model.embed_dim, elem, rate.flops, rates.forward_fraction, bandwidth)
-    return StepTime(encoders=per_sample * local / encoder_rate, loss=loss, hop=hop, rate=rate,
-                    encoder_flops=per_sample, encoder_rate=encoder_rate, hiding_block=hiding)
+    return StepTime(encode=encode, reencode=reencode, loss=loss, hop=hop, rate=rate,
+                    encoder_flops=encoder_passes(checkpointing) * model.forward_flops(), encoder_rate=encoder_rate,
+                    encoder_source=source, encoder_measured=measured, hiding_block=hiding)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""Refit the planner's measured constants from an `infcl-ds bench train` run, and check them.
+
+    python -m infcl_ds.plan.calibrate [--train docs/benchmarks/train.json] [--fit-batch 65536]
+
+Fits on ONE row (--fit-batch, the global batch): the activation factor (the re-encode
+phase's measured peak, less the planner's other encoder-pass components, over the counted
+activations of one chunk) and the encoder rates (the encode and re-encode phases' seconds
+per sample). Prints them beside the constants in the code, then, for every row, the
+planner's prediction made with the constants in the code (not the refit) against the
+measurement: the table of docs/planner.md. Each prediction is what
+`infcl-ds plan --config ds_configs/recipes/vit-b16-1m-8gpu.yaml --gpus W --set batch.global=B`
+prints for a row of that recipe's model, chunk, dtype and ZeRO stage.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..config import load_recipe
+from . import memory as mem
+from .encoders import ACTIVATION_CALIBRATION, estimate_model
+from .plan import make_plan
+from .timing import MEASURED_ENCODER_RATES, KernelRates
+
+MIB = 1 << 20
+TRAIN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "train.json"
+
+
+def row_recipe(row: dict, meta: dict):
+    """The recipe `infcl-ds bench train` planned for this row (bench/train.py's _recipe)."""
+    return load_recipe(None, [f"model.name={row['model']}", f"batch.global={row['B']}", f"batch.chunk={row['chunk']}",
+                              f"zero.stage={row['zero']}", f"precision.dtype={row['dtype']}",
+                              f"model.grad_checkpointing={str(meta.get('grad_checkpointing', False)).lower()}",
+                              f"batch.offload_features={str(meta.get('offload_features', False)).lower()}"])
+
+
+def measured_rows(path=TRAIN, impl: str = "infcl_ds"):
+    data = json.loads(Path(path).read_text())
+    rows = [r for r in data["rows"] if r.get("impl") == impl and r.get("status") == "measured"]
+    return rows, data.get("meta", {})
+
+
+def fit(row: dict, meta: dict, rates: KernelRates) -> dict:
+    """The constants one measured row gives."""
+    recipe = row_recipe(row, meta)
+    plan = make_plan(recipe, row["world"], 1 << 50, gpus_per_node=row["world"], rates=rates)
+    gpu = plan.gpu
+    others = sum(gpu.components[name] for name in gpu.phases[mem.ENCODER_PASS]
+                 if name not in (mem.ACTIVATIONS, mem.RUNTIME))
+    counted = recipe.batch.chunk * plan.model.counted_activation_bytes(2 if row["dtype"] == "bf16" else 4,
+                                                                       recipe.model.grad_checkpointing)
+    activations = row["peak_mib"]["reencode"] * MIB - others
+    return {"others_mib": others / MIB, "counted_mib": counted / MIB, "activations_mib": activations / MIB,
+            "factor": activations / counted, "encode_s_per_sample": row["encode_s"] / row["local"],
+            "reencode_s_per_sample": row["reencode_s"] / row["local"]}
+
+
+def check(row: dict, meta: dict, rates: KernelRates) -> dict:
+    """The planner's prediction for one row, with the constants in the code."""
+    plan = make_plan(row_recipe(row, meta), row["world"], 1 << 50, gpus_per_node=row["world"], rates=rates)
+    t = plan.time
+    return {"B": row["B"], "local": row["local"], "peak_mib": row["peak_mib_max"],
+            "pred_peak_mib": plan.allocated_peak_bytes / MIB, "pred_total_gib": plan.peak_gpu_bytes / mem.GIB,
+            "step_s": row["step_s"], "pred_step_s": t.total,
+            "phases": {"encode": (row["encode_s"], t.encode), "loss": (row["loss_s"], t.loss),
+                       "reencode": (row["reencode_s"], t.reencode)}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infcl_ds.plan.calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--train", default=str(TRAIN), help="train.json of `infcl-ds bench train`")
+    p.add_argument("--fit-batch", type=int, default=65536, help="the global batch of the row fitted")
+    args = p.parse_args(argv)
+    rates = KernelRates.load()
+    rows, meta = measured_rows(args.train)
+    fitted = [r for r in rows if r["B"] == args.fit_batch]
+    if not fitted:
+        print(f"no measured infcl_ds row with B={args.fit_batch} in {args.train}", file=sys.stderr)
+        return 2
+    row = fitted[0]
+    f = fit(row, meta, rates)
+    model = row["model"]
+    in_code = MEASURED_ENCODER_RATES.get(model)
+    print(f"fit on B={row['B']:,} ({model}, chunk {row['chunk']}, {row['world']} x {meta.get('device', '?')}):")
+    print(f"  activation factor {f['factor']:.4f} = ({row['peak_mib']['reencode']:,.1f} MiB measured - "
+          f"{f['others_mib']:,.1f} MiB other components) / {f['counted_mib']:,.1f} MiB counted; "
+          f"in the code: {ACTIVATION_CALIBRATION.get((model, False))}")
+    print(f"  encode {f['encode_s_per_sample'] * 1e6:.3f} us/sample, re-encode {f['reencode_s_per_sample'] * 1e6:.3f} "
+          f"us/sample; in the code: "
+          + (f"{in_code.forward * 1e6:.3f}, {in_code.forward_backward * 1e6:.3f}" if in_code else "none"))
+    flops = estimate_model(model).forward_flops()
+    effective = 4 * flops / (f["encode_s_per_sample"] + f["reencode_s_per_sample"])
+    print(f"  effective encoder rate {effective / 1e12:.1f} TFLOP/s per GPU (4 x {flops / 1e9:.2f} GFLOP per sample)")
+    print()
+    print("| global B | per GPU | role | measured peak | predicted peak | error | measured step | predicted step "
+          "| error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: r["B"]):
+        c = check(r, meta, rates)
+        role = "fit" if r is row else "check"
+        print(f"| {c['B']:,} | {c['local']:,} | {role} | {c['peak_mib']:,.0f} MiB | {c['pred_peak_mib']:,.0f} MiB | "
+              f"{c['pred_peak_mib'] / c['peak_mib'] - 1:+.2%} | {c['step_s']:.2f} s | {c['pred_step_s']:.2f} s | "
+              f"{c['pred_step_s'] / c['step_s'] - 1:+.1%} |")
+    print()
+    print("| global B | encode measured / predicted | loss | re-encode |")
+    print("|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: r["B"]):
+        c = check(r, meta, rates)
+        cells = " | ".join(f"{m:.2f} / {p:.2f} s" for m, p in c["phases"].values())
+        print(f"| {c['B']:,} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
