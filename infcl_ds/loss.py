@@ -26,7 +26,8 @@ def _group_size(group) -> int:
 
 def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
                      group=None, *, check_finite: bool = True, allow_tf32: bool = True,
-                     backend: str = "auto", panel: Optional[int] = None) -> torch.Tensor:
+                     backend: str = "auto", panel: Optional[int] = None,
+                     panel_rows: Optional[int] = None) -> torch.Tensor:
     """Mean bidirectional CLIP loss; never materialises the B x B logits.
 
     Args:
@@ -43,9 +44,10 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
             exact fp32 (IEEE) products. No effect on bf16/fp16.
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, chunked PyTorch on
             CPU), "triton" or "torch".
-        panel: columns per backward panel (tests only; default derived from memory).
+        panel, panel_rows: columns and rows of the backward's G tiles (tests only; default
+            derived from memory).
     """
-    options = KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel)
+    options = KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel, panel_rows=panel_rows)
     if _group_size(group) == 1:
         scale = check_features(image_features, text_features, logit_scale, check_finite)
         return TiledClipLoss.apply(image_features, text_features, scale, options)

@@ -63,6 +63,16 @@ def test_several_backward_panels(backend):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_in_row_slices(backend, dtype):
+    # G walked in 64-column panels and 48-row slices over B=257: 5 x 6 tiles, the diagonal
+    # entering tiles at offsets that are not multiples of either; the text gradient of the
+    # slices summed in fp32 before its one rounding to bf16.
+    image, text = random_features(257, 96, dtype, 5), random_features(257, 96, dtype, 6)
+    check(image, text, torch.tensor(30.0), backend=backend, panel=64, panel_rows=48)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_fp16_and_1_element_scale(backend):
     image, text = random_features(130, 80, torch.float16, 3), random_features(130, 80, torch.float16, 4)
     check(image, text, torch.tensor([1 / 0.07]), backend=backend)

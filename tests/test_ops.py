@@ -41,6 +41,40 @@ def test_block_backward_accumulates(backend, diag):
     assert rel_err(ds, (G * (a.double() @ b.double().T)).sum()) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("diag,accumulate_b,b_dtype", [(True, False, torch.bfloat16), (False, True, torch.float32),
+                                                        (True, True, torch.float32)])
+def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
+    # rows=40 over 130 rows (4 slices, the last partial), panel=32 columns: every tile's
+    # product lands once in grad_a and grad_b whatever the slicing.
+    n_a, n_b, D = 130, (130 if diag else 77), 80
+    a, b = random_features(n_a, D, torch.float32, 21), random_features(n_b, D, torch.float32, 22)
+    logits = 9.0 * a.double() @ b.double().T
+    r, c = torch.logsumexp(logits, 1) + 0.2, torch.logsumexp(logits, 0) + 0.4
+    G = torch.exp(logits - r[:, None]) + torch.exp(logits - c[None, :])
+    if diag:
+        G -= 2 * torch.eye(n_a, dtype=torch.float64)
+    coef = 0.01
+    grad_a = torch.zeros(n_a, D)
+    grad_b = torch.full((n_b, D), 2.0, dtype=b_dtype)
+    ds = block_backward(a, b, torch.tensor([9.0]), r.float(), c.float(), coef, diag=diag, grad_a=grad_a,
+                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40)
+    want_b = coef * G.T @ a.double() + (2 if accumulate_b else 0)
+    assert rel_err(grad_a, coef * G @ b.double()) < 1e-6
+    assert rel_err(grad_b, want_b) < (1e-6 if b_dtype == torch.float32 else 4e-3)
+    assert rel_err(ds, (G * (a.double() @ b.double().T)).sum()) < 1e-5
+
+
+def test_g_tile_is_capped_whatever_the_batch():
+    from infcl_ds.ops.block import PANEL_MAX_BYTES, panel_rows
+    for n_a in (1, 1000, 1 << 17, 1 << 20, 12 << 20):
+        width = min(panel_width(n_a, n_a, 768, 2), n_a)
+        rows = panel_rows(n_a, width, 2)
+        assert 1 <= rows <= n_a and (rows == n_a or rows % 256 == 0)
+        assert rows * width * 2 <= max(PANEL_MAX_BYTES, 256 * width * 2)
+    assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: one slice, as before the cap
+
+
 def test_panel_width_is_bounded_by_memory():
     # bf16 G at B=1M, D=768: about 2D columns (~2 feature rows per sample), whole tiles.
     w = panel_width(1 << 20, 1 << 20, 768, 2)

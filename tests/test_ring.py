@@ -29,20 +29,20 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         return []
     pos = group_ranks.index(rank) if group_ranks else rank
     out = []
-    for sizes, D, dtype, s, backend, seed, panel in cases:
+    for sizes, D, dtype, s, backend, seed, tiles in cases:
         image, text = global_batch(sizes, D, dtype, seed)
         lo = sum(sizes[:pos])
         image = image[lo:lo + sizes[pos]].clone().requires_grad_()
         text = text[lo:lo + sizes[pos]].clone().requires_grad_()
         scale = torch.tensor(s, requires_grad=True)
-        loss = contrastive_loss(image, text, scale, group=group, backend=backend, panel=panel)
+        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad))
     return out
 
 
 def check_against_reference(results, cases, order):
-    for k, (sizes, D, dtype, s, backend, seed, _panel) in enumerate(cases):
+    for k, (sizes, D, dtype, s, backend, seed, _tiles) in enumerate(cases):
         image, text = global_batch(sizes, D, dtype, seed)
         ref_loss, ref_i, ref_t, ref_s = clip_loss_reference(image, text, torch.tensor(s))
         tol_loss, tol_feat, tol_scale = TOL[dtype]
@@ -62,8 +62,10 @@ def cases_for(world):
     uneven = [13 + 29 * r for r in range(world)]  # the last batch of an epoch
     return [
         (even, 80, torch.float32, 1 / 0.07, "triton", 1, None),
-        (uneven, 96, torch.bfloat16, 100.0, "triton", 2, 64),
-        (uneven, 80, torch.float32, 100.0, "torch", 3, 32),
+        # Small G tiles: several column panels and row slices per block, the diagonal
+        # crossing them at every offset (the default tiles are whole blocks at these sizes).
+        (uneven, 96, torch.bfloat16, 100.0, "triton", 2, {"panel": 64, "panel_rows": 32}),
+        (uneven, 80, torch.float32, 100.0, "torch", 3, {"panel": 32, "panel_rows": 24}),
         (even, 96, torch.bfloat16, 1 / 0.07, "torch", 4, None),
     ]
 

@@ -19,6 +19,11 @@ from .tuning import interpreting
 BACKENDS = ("auto", "triton", "torch")
 # Extra memory the panel may take beyond its O(B*D) share.
 PANEL_SLACK_BYTES = 32 << 20
+# The most one G tile (rows x panel columns) may hold. Beyond it the rows are walked in
+# slices too, so that G stays a constant rather than ~4 D bytes per local sample: at a
+# local batch of 512k x 512 that is 256 MiB instead of 1 GiB. Below ~128k rows (bf16,
+# D = 512) nothing changes: one row slice, as before.
+PANEL_MAX_BYTES = 256 << 20
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -36,6 +41,13 @@ def panel_width(n_a: int, n_b: int, D: int, bytes_per_elem: int) -> int:
     (4*D bytes), plus PANEL_SLACK_BYTES; a multiple of 256 (whole tiles), within [256, n_b]."""
     width = (4 * D * n_a + PANEL_SLACK_BYTES) // (max(n_a, 1) * bytes_per_elem)
     return int(max(1, min(n_b, max(256, width // 256 * 256))))
+
+
+def panel_rows(n_a: int, width: int, bytes_per_elem: int) -> int:
+    """Rows per G tile: all of them while the tile fits PANEL_MAX_BYTES, else a multiple of
+    256 rows that does (at least 256)."""
+    rows = PANEL_MAX_BYTES // (max(width, 1) * bytes_per_elem)
+    return int(max(1, min(n_a, max(256, rows // 256 * 256))))
 
 
 @contextlib.contextmanager
@@ -87,32 +99,56 @@ def block_lse(a, b, scale, *, backend="auto", allow_tf32=True, panel=None):
 
 def block_backward(a, b, scale, row_lse, col_lse, coef: float, *, diag: bool,
                    grad_a: torch.Tensor, grad_b: torch.Tensor, accumulate_b: bool,
-                   backend="auto", allow_tf32=True, panel=None) -> torch.Tensor:
+                   backend="auto", allow_tf32=True, panel=None, rows=None) -> torch.Tensor:
     """Add ``coef * G @ b`` to grad_a and write (or add, if accumulate_b) ``coef * G^T @ a``
     to grad_b, with G = P + Q - 2*delta over this block; return sum(G * a@b.T) (fp64, 0-dim).
 
     row_lse/col_lse: the complete statistics of a's rows and b's rows (whole global batch).
     diag: the block holds the positive pairs on its diagonal (a and b from the same rank).
-    grad_a: fp32 accumulator [n_a, D]; grad_b: [n_b, D], fp32 if accumulate_b.
+    grad_a: fp32 accumulator [n_a, D]; grad_b: [n_b, D], fp32 if accumulate_b. When G is
+    walked in several row slices, their products for a bf16/fp16 grad_b add up in an fp32
+    [panel, D] buffer first (rounded once).
+    panel / rows: columns / rows per G tile (tests; default: panel_width and panel_rows).
     """
     backend = resolve_backend(backend, a.device)
     n_a, n_b = a.shape[0], b.shape[0]
     # Triton writes G in the features' dtype for the tensor cores; the CPU path keeps fp32.
     g_dtype = a.dtype if backend == "triton" else torch.float32
-    width = panel or panel_width(n_a, n_b, a.shape[1], g_dtype.itemsize if backend == "triton" else 12)
-    g_buf = torch.empty((n_a, min(width, n_b)), device=a.device, dtype=g_dtype)
+    g_bytes = g_dtype.itemsize if backend == "triton" else 12
+    width = panel or panel_width(n_a, n_b, a.shape[1], g_bytes)
+    height = rows or panel_rows(n_a, min(width, n_b), g_bytes)
+    g_buf = torch.empty((min(height, n_a), min(width, n_b)), device=a.device, dtype=g_dtype)
+    sliced = height < n_a and grad_b.dtype != torch.float32
+    b_sum = torch.empty((min(width, n_b), b.shape[1]), device=a.device, dtype=torch.float32) if sliced else None
     ds = torch.zeros((), device=a.device, dtype=torch.float64)
     precision = "tf32" if allow_tf32 else "ieee"
     with _matmul_precision(allow_tf32):
         for j0 in range(0, n_b, width):
             b_panel = b[j0:j0 + width]
-            g = g_buf[:, :b_panel.shape[0]]
-            offset = j0 if diag else None
-            if backend == "triton":
-                part = triton_grad.grad_panel(a, b_panel, scale, row_lse, col_lse[j0:j0 + width], g, offset, precision)
-            else:
-                part = torch_panels.grad_panel(a, b_panel, scale, row_lse, col_lse[j0:j0 + width], g, offset)
-            ds += part
-            gemm_into(grad_a, g, b_panel, coef, accumulate=True)
-            gemm_into(grad_b[j0:j0 + width], g.T, a, coef, accumulate=accumulate_b)
+            n_cols = b_panel.shape[0]
+            for i0 in range(0, n_a, height):
+                a_rows = a[i0:i0 + height]
+                g = g_buf[:a_rows.shape[0], :n_cols]
+                # Row i0 + m pairs with column i0 + m, i.e. panel column m - (j0 - i0).
+                offset = j0 - i0 if diag and _crosses_diagonal(i0, a_rows.shape[0], j0, n_cols) else None
+                row_part = row_lse[i0:i0 + height]
+                col_part = col_lse[j0:j0 + width]
+                if backend == "triton":
+                    part = triton_grad.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset, precision)
+                else:
+                    part = torch_panels.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset)
+                ds += part
+                gemm_into(grad_a[i0:i0 + height], g, b_panel, coef, accumulate=True)
+                if sliced:
+                    gemm_into(b_sum[:n_cols], g.T, a_rows, coef, accumulate=i0 > 0)
+                else:
+                    gemm_into(grad_b[j0:j0 + width], g.T, a_rows, coef, accumulate=accumulate_b or i0 > 0)
+            if sliced:
+                out = grad_b[j0:j0 + width]
+                out.add_(b_sum[:n_cols]) if accumulate_b else out.copy_(b_sum[:n_cols])
     return ds
+
+
+def _crosses_diagonal(i0: int, n_rows: int, j0: int, n_cols: int) -> bool:
+    """Whether rows [i0, i0+n_rows) and columns [j0, j0+n_cols) share an index."""
+    return i0 < j0 + n_cols and j0 < i0 + n_rows

@@ -13,6 +13,7 @@ class KernelOptions:
     backend: str = "auto"
     allow_tf32: bool = True
     panel: Optional[int] = None  # columns per backward panel; None = memory-derived
+    panel_rows: Optional[int] = None  # rows per backward G tile; None = memory-derived
 
 
 def positive_logits_sum(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
@@ -54,6 +55,6 @@ class TiledClipLoss(torch.autograd.Function):
         grad_text = torch.empty_like(text)
         ds = block_backward(image, text, s, row_lse, col_lse, coef, diag=True,
                             grad_a=grad_image, grad_b=grad_text, accumulate_b=False,
-                            backend=opt.backend, allow_tf32=opt.allow_tf32, panel=opt.panel)
+                            backend=opt.backend, allow_tf32=opt.allow_tf32, panel=opt.panel, rows=opt.panel_rows)
         grad_scale = (grad_loss.double() * ds / (2 * n)).to(ctx.scale_dtype).reshape(ctx.scale_shape)
         return grad_image.to(image.dtype), grad_text, grad_scale, None

@@ -27,7 +27,7 @@ def grad_panel(a, b, scale, row_lse, col_lse, out, diag_offset=None):
     if diag_offset is not None:
         cols = torch.arange(b.shape[0], device=a.device)
         rows = cols + diag_offset
-        keep = rows < a.shape[0]
+        keep = (rows >= 0) & (rows < a.shape[0])
         g[rows[keep], cols[keep]] -= 2.0
     out.copy_(g)
     return (g * x).sum()

@@ -84,10 +84,13 @@ class RingClipLoss(torch.autograd.Function):
         coef = float(grad_loss * s[0]) / (2 * total)
         bufs = [torch.empty((big, width), device=dev, dtype=text.dtype) for _ in range(2)]
         col_bufs = [torch.empty(big, device=dev, dtype=torch.float32) for _ in range(2)]
-        # fp32 partial text gradients: one buffer in flight while the other fills.
+        # fp32 partial text gradients: one buffer in flight to rank+1 while the kernels fill
+        # the other, and one receiving the next block's partial from rank-1 (it arrives while
+        # the next block computes; the own block's complete gradient comes home into it).
+        # Per local sample with the features: 4 D (bf16 blocks) + 12 D (partials) + 4 D
+        # (image gradient) + the features' 4 D = 24 D bytes; the G tile is a constant.
         contrib = [torch.empty((big, width), device=dev, dtype=torch.float32) for _ in range(2)]
         grad_in = torch.empty((big, width), device=dev, dtype=torch.float32)
-        grad_text = torch.empty((sizes[ring.pos], width), device=dev, dtype=torch.float32)
         grad_image = torch.zeros(image.shape, device=dev, dtype=torch.float32)
         ds = torch.zeros((), device=dev, dtype=torch.float64)
         partial_reqs = []
@@ -107,16 +110,20 @@ class RingClipLoss(torch.autograd.Function):
             out = contrib[i][:sizes[q]]
             ds += block_backward(image, cur, s, row, cur_col, coef, diag=(step == 0), grad_a=grad_image,
                                  grad_b=out, accumulate_b=False, backend=opt.backend,
-                                 allow_tf32=opt.allow_tf32, panel=opt.panel)
+                                 allow_tf32=opt.allow_tf32, panel=opt.panel, rows=opt.panel_rows)
             ring.wait(partial_reqs, "text gradient", step)  # brought this block's partial
             if step > 0:
                 out += grad_in[:sizes[q]]
             # C. The partial on to rank+1 (home after the last step); the next block's
-            #    partial arrives from rank-1 while the next step computes.
-            target = grad_text if last else grad_in[:sizes[ring.origin(step + 1)]]
+            #    partial arrives from rank-1 while the next step computes. grad_in was
+            #    read above, so it is free to receive.
+            target = grad_in[:sizes[ring.pos if last else ring.origin(step + 1)]]
             partial_reqs = ring.start([out], [target], TAG_GRAD)
             ring.wait(text_reqs, "text features", step)
         ring.wait(partial_reqs, "text gradient (home)", ring.size)
+        del bufs, contrib, out, cur, partial_reqs  # freed before the outputs are cast
         ring.all_reduce_sum(ds)
         grad_scale = (grad_loss.double() * ds / (2 * total)).to(ctx.scale_dtype).reshape(ctx.scale_shape)
-        return grad_image.to(image.dtype), grad_text.to(text.dtype), grad_scale, None, None, None
+        grad_image_out = grad_image.to(image.dtype)
+        del grad_image
+        return grad_image_out, grad_in[:sizes[ring.pos]].to(text.dtype), grad_scale, None, None, None
