@@ -77,16 +77,18 @@ def _recipe(args, world, args_batch):
                               f"batch.offload_features={str(args.offload_features).lower()}"])
 
 
-def _predicted_peak_mib(args, B, world):
-    """The planner's per-GPU peak for this configuration (None if it cannot say)."""
+def _prediction(args, B, world):
+    """The planner's per-GPU peak for this configuration, with its runtime reserve and
+    without (what torch allocates), and its step time; {} if it cannot say."""
     from ..plan import make_plan
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 80 * 2**30
     try:
         plan = make_plan(_recipe(args, world, B), world, total, gpus_per_node=world)
     except ValueError as err:  # PlanError: e.g. no rates for this model
         print(f"planner: {err}", flush=True)
-        return None
-    return plan.peak_gpu_bytes / 2**20
+        return {}
+    return {"plan_peak_mib": plan.peak_gpu_bytes / 2**20, "plan_allocated_mib": plan.allocated_peak_bytes / 2**20,
+            "plan_step_s": plan.step_seconds}
 
 
 def _pool(args, info, device):
@@ -150,7 +152,15 @@ def _worker(rank, world, args, port, ident):
                            peak_mib={k: group_max(v["peak_mib"]) for k, v in phases.items()} if cuda else None)
                 row["loss_share"] = row["loss_s"] / row["step_s"]
                 row["peak_mib_max"] = max(row["peak_mib"].values()) if cuda else None
-                row["plan_peak_mib"] = _predicted_peak_mib(args, B, world) if impl == "infcl_ds" else None
+                if cuda:
+                    # Beside the allocated peak: what the allocator reserved, and what the
+                    # device had in use after the step (the reserve, the CUDA context, NCCL),
+                    # the figure the planner's runtime reserve stands for.
+                    row["reserved_mib_max"] = group_max(max(v["reserved_mib"] for v in phases.values()))
+                    free, total = torch.cuda.mem_get_info()
+                    row["device_used_mib"] = group_max((total - free) / 2**20)
+                if impl == "infcl_ds":
+                    row.update(_prediction(args, B, world))
             except Exception as err:  # noqa: BLE001
                 if not is_oom(err):
                     raise
@@ -172,19 +182,27 @@ def _worker(rank, world, args, port, ident):
 
 
 def _memory_slope(rows):
-    """Least-squares slope of the peak against the local batch (bytes per sample), per impl,
-    against the bound 24 D bytes per sample (bf16 features and their gradients, ring blocks)."""
+    """Least-squares slopes against the local batch (bytes per sample), per impl, of the
+    step's peak and of each phase's peak, beside the bound 24 D bytes per sample (bf16
+    features and their gradients, ring blocks and partial gradients). The step's peak is the
+    re-encode phase until the loss phase outgrows one chunk's activations, so the loss
+    phase's own slope is the one that decides at the largest batches."""
     out = {}
     for impl in {r["impl"] for r in rows}:
-        pts = [(r["local"], r["peak_mib_max"] * 2**20) for r in rows
-               if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"]
-        if len(pts) < 2:
+        mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"]
+        if len(mine) < 2:
             continue
-        mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-        D = next(r["D"] for r in rows if r["impl"] == impl)
-        out[impl] = {"bytes_per_sample": slope, "bound_24D": 24 * D, "points": len(pts)}
+        D = mine[0]["D"]
+        out[impl] = {"bytes_per_sample": _slope([(r["local"], r["peak_mib_max"] * 2**20) for r in mine]),
+                     "phases": {k: _slope([(r["local"], r["peak_mib"][k] * 2**20) for r in mine])
+                                for k in mine[0]["peak_mib"]},
+                     "bound_24D": 24 * D, "points": len(mine)}
     return out
+
+
+def _slope(points):
+    mx, my = sum(p[0] for p in points) / len(points), sum(p[1] for p in points) / len(points)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
 
 
 def _fmt(row):
@@ -194,7 +212,10 @@ def _fmt(row):
     return (f"{row['impl']:10s} B={row['B']:>8d} step={row['step_s']:8.2f}s samples/s={row['samples_per_s']:8.0f} "
             f"loss share={row['loss_share']:.3f} encode={row['encode_s']:.2f}s loss={row['loss_s']:.2f}s "
             f"reencode={row['reencode_s']:.2f}s optimizer={row['optimizer_s']:.2f}s peak={'-' if peak is None else f'{peak:.0f}'}MiB"
-            + (f" plan={row['plan_peak_mib']:.0f}MiB" if row.get("plan_peak_mib") else ""))
+            + (f" reserved={row['reserved_mib_max']:.0f}MiB device={row['device_used_mib']:.0f}MiB"
+               if row.get("reserved_mib_max") else "")
+            + (f" plan={row['plan_allocated_mib']:.0f}MiB(+reserve {row['plan_peak_mib']:.0f})"
+               if row.get("plan_peak_mib") else ""))
 
 
 def main(argv=None):

@@ -29,4 +29,7 @@ class PhaseMeter:
         if cuda:
             torch.cuda.synchronize()
         self.last[name] = {"s": time.perf_counter() - start,
-                           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}
+                           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+                           # What the caching allocator held from the device: the peak plus
+                           # its rounding and fragmentation.
+                           "reserved_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else None}
