@@ -33,7 +33,8 @@ def main(argv=None):
         if name in COMMANDS:
             module, function, _ = COMMANDS[name]
             result = getattr(importlib.import_module(module), function)(argv[words:])
-            return int(result or 0)
+            # Commands return an exit status; the benchmarks return their rows (success).
+            return result if isinstance(result, int) else 0
     print(f"infcl-ds: unknown command {' '.join(argv[:2])!r}\n\n{usage()}", file=sys.stderr)
     return 2
 
