@@ -8,10 +8,10 @@
 #                   [--resume TAG] [--set key=value ...]
 #
 # Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ...]
-# With a hostfile, ./.deepspeed_env (DeepSpeed reads it from the working directory) is
-# rewritten to forward this shell's NCCL_*, GLOO_*, TORCH_*, TRITON_*, PYTHONPATH,
-# OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT and the names in INFCL_FORWARD_ENV to the
-# other nodes. A recipe the planner refuses is not launched (exit 1 or 2); --no-plan skips
+# With a hostfile, ./.deepspeed_env (DeepSpeed reads it from the working directory) gets
+# this shell's NCCL_*, GLOO_*, TORCH_*, TRITON_*, PYTHONPATH, PYTORCH_CUDA_ALLOC_CONF,
+# OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT and the names in INFCL_FORWARD_ENV, for
+# the other nodes; the file's other lines (the user's own) are kept. A recipe the planner refuses is not launched (exit 1 or 2); --no-plan skips
 # it. See docs/multi-node.md.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -62,15 +62,21 @@ fi
 
 if [ -n "$hostfile" ]; then
   forward=$(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_|TRITON_)' || true)
-  forward+=" PYTHONPATH OMP_NUM_THREADS DS_ACCELERATOR DEEPSPEED_TIMEOUT ${INFCL_FORWARD_ENV:-}"
-  : > .deepspeed_env
+  forward+=" PYTHONPATH PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS DS_ACCELERATOR DEEPSPEED_TIMEOUT ${INFCL_FORWARD_ENV:-}"
+  next_env=$(mktemp .deepspeed_env.XXXXXX)
+  # Keep the user's lines for names this script does not set; then ours.
+  if [ -f .deepspeed_env ]; then
+    names_re="^($(echo $forward | tr ' ' '|'))="
+    grep -Ev "$names_re" .deepspeed_env >> "$next_env" || true
+  fi
   for name in $forward; do
     value=${!name-}
     # DeepSpeed reads KEY=VALUE lines, one per line: skip unset and multi-line values.
     if [ -n "${!name+set}" ] && [[ "$value" != *$'\n'* ]]; then
-      printf '%s=%s\n' "$name" "$value" >> .deepspeed_env
+      printf '%s=%s\n' "$name" "$value" >> "$next_env"
     fi
   done
+  mv "$next_env" .deepspeed_env
 fi
 
 exec deepspeed ${launcher[@]+"${launcher[@]}"} --module infcl_ds.train --config "$recipe" \

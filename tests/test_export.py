@@ -114,7 +114,7 @@ def test_eval_cli(run, tmp_path, monkeypatch, capsys):
 @pytest.fixture(scope="module")
 def digits_split(tmp_path_factory):
     """The held-out split of the real digits data set, at infcl-tiny's image size."""
-    digits = pytest.importorskip("infcl_ds.data.digits")
+    from infcl_ds.data import digits
     out = tmp_path_factory.mktemp("digits")
     digits.build_digits(out, image_size=16)
     return out / "test"

@@ -107,11 +107,17 @@ def plot_train(json_path: Path, png_path: Path) -> None:
         axes[0].plot([r["B"] for r in pts], [r["samples_per_s"] for r in pts], "-o", color=color, label=impl)
         axes[1].plot([r["B"] for r in pts], [r["loss_share"] for r in pts], "-o", color=color, label=impl)
         mem = [r for r in pts if r.get("peak_mib_max")]
-        axes[2].plot([r["local"] for r in mem], [r["peak_mib_max"] / 1024 for r in mem], "-o", color=color, label=impl)
-        plan = [r for r in mem if r.get("plan_peak_mib")]
+        axes[2].plot([r["local"] for r in mem], [r["peak_mib_max"] / 1024 for r in mem], "-o", color=color,
+                     label=f"{impl}: step")
+        axes[2].plot([r["local"] for r in mem], [r["peak_mib"]["loss"] / 1024 for r in mem], ":s", color=color,
+                     label=f"{impl}: loss phase")
+        # The planner's allocated prediction (what the measured peak reads); older runs only
+        # have its total, which adds the runtime reserve.
+        key = "plan_allocated_mib" if any(r.get("plan_allocated_mib") for r in mem) else "plan_peak_mib"
+        plan = [r for r in mem if r.get(key)]
         if plan:
-            axes[2].plot([r["local"] for r in plan], [r["plan_peak_mib"] / 1024 for r in plan], "x--", color=color,
-                         label=f"{impl} (planner)")
+            axes[2].plot([r["local"] for r in plan], [r[key] / 1024 for r in plan], "x--", color=color,
+                         label=f"{impl}: planner")
     titles = ("samples / s (whole step)", "loss (+ ring) share of the step", "peak memory per GPU (GiB)")
     xlabels = ("global batch", "global batch", "local batch")
     for ax, title, xlabel in zip(axes, titles, xlabels):
@@ -123,6 +129,35 @@ def plot_train(json_path: Path, png_path: Path) -> None:
     meta = data["meta"]
     fig.suptitle(f"{meta.get('model', '')} engine steps, {meta.get('world', '?')} x {meta.get('device', '')}, "
                  f"chunk {meta.get('chunk', '?')}, ZeRO-{meta.get('zero', '?')}, commit {meta.get('commit', '')}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+def plot_planner_check(json_path: Path, png_path: Path) -> None:
+    """Measured per-GPU peaks against the planner's predictions, one group of bars per
+    configuration and batch: allocated (torch) and device in use (the planner's total)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in json.loads(Path(json_path).read_text())["rows"] if r.get("status") == "measured"]
+    allocators = sorted({r.get("allocator", "default") for r in rows})
+    fig, axes = plt.subplots(1, len(allocators), figsize=(7 * len(allocators), 4.5), squeeze=False)
+    for ax, alloc in zip(axes[0], allocators):
+        mine = [r for r in rows if r.get("allocator", "default") == alloc]
+        labels = [f"{r['config']}\n{r['model']} B={r['B'] // 1024}k" for r in mine]
+        xs = range(len(mine))
+        bars = (("measured allocated", "peak_mib_max", -0.3, "tab:blue"),
+                ("planned allocated", "plan_allocated_mib", -0.1, "tab:cyan"),
+                ("device in use", "device_used_mib", 0.1, "tab:red"),
+                ("planned total", "plan_peak_mib", 0.3, "tab:orange"))
+        for label, key, dx, color in bars:
+            ax.bar([x + dx for x in xs], [r[key] / 1024 for r in mine], 0.2, label=label, color=color)
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("GiB per GPU")
+        ax.set_title(f"planner vs measured, allocator: {alloc}")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)

@@ -1,6 +1,12 @@
 """Refit the planner's measured constants from an `infcl-ds bench train` run, and check them.
 
     python -m infcl_ds.plan.calibrate [--train docs/benchmarks/train.json] [--fit-batch 65536]
+    python -m infcl_ds.plan.calibrate --check docs/benchmarks/planner_check.json
+
+--check: the planner, with the constants in the code, against the peaks measured in
+configurations it was NOT fitted on (launch/bench_planner_check.sh): allocated peak against
+torch's max_memory_allocated, and the total (with the runtime reserve) against what the
+device had in use.
 
 Fits on ONE row (--fit-batch, the global batch): the activation factor (the re-encode
 phase's measured peak, less the planner's other encoder-pass components, over the counted
@@ -66,11 +72,48 @@ def check(row: dict, meta: dict, rates: KernelRates) -> dict:
                        "reencode": (row["reencode_s"], t.reencode)}}
 
 
+PLANNER_CHECK = TRAIN.with_name("planner_check.json")
+
+
+def check_recorded(path=PLANNER_CHECK) -> list:
+    """Each measured row of a planner-check file with today's predictions beside it."""
+    data = json.loads(Path(path).read_text())
+    out = []
+    for row in data["rows"]:
+        if row.get("status") != "measured":
+            continue
+        recipe = row_recipe(row, {"grad_checkpointing": bool(row.get("grad_checkpointing"))})
+        plan = make_plan(recipe, row["world"], 1 << 50, gpus_per_node=row["world"], rates=KernelRates.load())
+        out.append({"config": row["config"], "allocator": row.get("allocator", "default"), "model": row["model"],
+                    "B": row["B"], "chunk": row["chunk"], "zero": row["zero"],
+                    "checkpointing": bool(row.get("grad_checkpointing")),
+                    "allocated_mib": row["peak_mib_max"], "pred_allocated_mib": plan.allocated_peak_bytes / MIB,
+                    "device_mib": row["device_used_mib"], "pred_total_mib": plan.peak_gpu_bytes / MIB})
+    return out
+
+
+def print_check(path) -> None:
+    print("| configuration | allocator | B | measured allocated | predicted | error | device in use | "
+          "predicted total | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in check_recorded(path):
+        what = (f"{c['model']}, chunk {c['chunk']}, ZeRO-{c['zero']}"
+                + (", checkpointing" if c["checkpointing"] else ""))
+        print(f"| {what} | {c['allocator']} | {c['B']:,} | {c['allocated_mib']:,.0f} MiB | "
+              f"{c['pred_allocated_mib']:,.0f} MiB | {c['pred_allocated_mib'] / c['allocated_mib'] - 1:+.1%} | "
+              f"{c['device_mib']:,.0f} MiB | {c['pred_total_mib']:,.0f} MiB | "
+              f"{c['pred_total_mib'] / c['device_mib'] - 1:+.1%} |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m infcl_ds.plan.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--train", default=str(TRAIN), help="train.json of `infcl-ds bench train`")
     p.add_argument("--fit-batch", type=int, default=65536, help="the global batch of the row fitted")
+    p.add_argument("--check", default=None, metavar="FILE", help="compare with a planner-check run instead")
     args = p.parse_args(argv)
+    if args.check:
+        print_check(args.check)
+        return 0
     rates = KernelRates.load()
     rows, meta = measured_rows(args.train)
     fitted = [r for r in rows if r["B"] == args.fit_batch]

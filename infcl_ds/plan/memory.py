@@ -37,11 +37,14 @@ from .encoders import ModelEstimate
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
-# Guesses, not measured (the benchmark reads torch.cuda.max_memory_allocated, which leaves
-# these out). GPU: CUDA context, NCCL channel buffers and the caching allocator's
-# fragmentation (reserved but not allocated). Host, per rank: Python, torch and the CUDA host
-# libraries, and the rank's data-loader worker processes.
-GPU_RUNTIME_RESERVE = 2 * GIB
+# GPU: what the device holds beyond torch's allocated peak (CUDA context, cuBLAS and NCCL
+# workspaces, the caching allocator's rounding and fragmentation), which
+# torch.cuda.max_memory_allocated leaves out. Measured with expandable segments (the
+# trainer's default): device in use minus allocated peak 2.1-2.9 GiB in four runs on H200
+# (docs/benchmarks/planner_check.json, train_vs_inf_cl.json; the CUDA context alone 1.7
+# GiB); the default allocator kept up to 6.5 GiB. Host, per rank, a guess: Python, torch and
+# the CUDA host libraries, and the rank's data-loader worker processes.
+GPU_RUNTIME_RESERVE = int(2.5 * GIB)
 HOST_RESERVE_PER_RANK = 8 * GIB
 # torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
 # keeps) finished batches per worker, each a whole local batch, besides the one training.

@@ -133,7 +133,7 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     gpu = mem.gpu_memory(model, recipe, gpus)
     host = mem.host_memory(model, recipe, gpus, gpus_per_node)
     time = step_time(model, local, gpus, recipe.precision.dtype, recipe.model.grad_checkpointing, rates,
-                     gpus_per_node, network, encoder_tflops)
+                     gpus_per_node, network, encoder_tflops, zero_stage=recipe.zero.stage)
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
     limits = [_gpu_limit(gpu, gpu_memory_bytes),
               Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,

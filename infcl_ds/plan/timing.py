@@ -67,7 +67,17 @@ class EncoderRate:
 MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
     "ViT-B-16": EncoderRate(samples=32768, encode_s=5.4314727783203125, reencode_s=15.730368614196777,
                             source="docs/benchmarks/train.json, B=65536 row (2 x H200, chunk 256)"),
+    # launch/bench_planner_check.sh l14, expandable segments: 1 x H200, chunk 128, ZeRO-2;
+    # 4 x 175.3 GFLOP x 8,192 samples in 17.65 s = 325 TFLOP/s (ViT-B-16's 254 transferred
+    # had predicted this step 24% long). The B=4096 row of the same run agrees within 0.3%.
+    "ViT-L-14": EncoderRate(samples=8192, encode_s=4.481525421142578, reencode_s=13.167746543884277,
+                            source="docs/benchmarks/planner_check.json, ViT-L-14 B=8192 row (1 x H200, chunk 128)"),
 }
+# ZeRO-3 gathers every layer's parameters before its forward and again for its backward, for
+# every chunk: ViT-B-16 at chunk 256 on ONE H200 took 2.71x the encoder time of ZeRO-2
+# (docs/benchmarks/planner_check.json, zero3 rows: 28.7 s against 10.6 s predicted for
+# 16,384 samples). Over NCCL across GPUs the gathers cost more, so this is a floor.
+ZERO3_ENCODER_SLOWDOWN = 2.7
 # Models not measured: ViT-B-16's effective rate there, 4 x 41.09 GFLOP x 32,768 samples in
 # 21.16 s = 254 TFLOP/s per GPU (2 FLOPs per multiply-add; 127 T multiply-adds/s), transferred.
 # Larger models' bigger matrix products likely run faster, so this likely overstates their
@@ -235,13 +245,18 @@ def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: b
 
 def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpointing: bool, rates: KernelRates,
               gpus_per_node: int, network: str = DEFAULT_NETWORK,
-              encoder_tflops: Optional[float] = None) -> StepTime:
+              encoder_tflops: Optional[float] = None, zero_stage: int = 2) -> StepTime:
     """The step's phases on each GPU; ``encoder_tflops`` None: measured encoder rates where
-    there are some (MEASURED_ENCODER_RATES), else DEFAULT_ENCODER_TFLOPS."""
+    there are some (MEASURED_ENCODER_RATES), else DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies
+    the encoder phases by ZERO3_ENCODER_SLOWDOWN."""
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
                                                                      encoder_tflops)
+    if zero_stage >= 3:
+        encode, reencode, encoder_rate = (encode * ZERO3_ENCODER_SLOWDOWN, reencode * ZERO3_ENCODER_SLOWDOWN,
+                                          encoder_rate / ZERO3_ENCODER_SLOWDOWN)
+        source += f"; x{ZERO3_ENCODER_SLOWDOWN} for ZeRO-3's parameter gathers (measured on one GPU)"
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
