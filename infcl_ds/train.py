@@ -131,6 +131,9 @@ class Trainer:
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             loss = self.step_engine.train_step(batch)
+            # Dropped before the next is asked for: the data thread fills the next batch while
+            # this one trains, so a rank holds two local batches, not three.
+            del batch
             self.step += 1
             seconds = timer.lap()
             if self.step % r.logging.every == 0 or self.step == r.schedule.steps:

@@ -66,9 +66,10 @@ def test_tiny_components_exact(rates):
     assert plan.gpu.peak_phase == mem.REDUCTION  # a tiny model: the 2 GB of buckets dominate
     assert plan.peak_gpu_bytes == always + 2 * P + buffers + 1024
     assert plan.allocated_peak_bytes == plan.peak_gpu_bytes - mem.GPU_RUNTIME_RESERVE
-    # Host, per node (both ranks on it): 8 samples x (3*16*16 uint8 + 16 int64 tokens) x
-    # (1 training + 2 workers x 2 prefetched) batches, plus the per-rank reserve.
-    assert plan.host == {mem.INPUTS: 2 * 8 * 896 * 5, mem.OFFLOADED: 0, mem.PROCESSES: 2 * mem.HOST_RESERVE_PER_RANK}
+    # Host, per node (both ranks on it): (3*16*16 uint8 + 16 int64 tokens) = 896 B per sample x
+    # (2 local batches of 8, training + assembled ahead, + 2 workers x 2 prefetched pieces of
+    # min(256, 8) samples) = 48 samples, plus the per-rank reserve.
+    assert plan.host == {mem.INPUTS: 2 * 48 * 896, mem.OFFLOADED: 0, mem.PROCESSES: 2 * mem.HOST_RESERVE_PER_RANK}
     assert plan.fits and plan.verdict.startswith("fits: ")
 
 
@@ -281,11 +282,18 @@ def test_refuses_chunk_whose_activations_alone_exceed_the_gpu(capsys):
 
 
 def test_refuses_host_memory_over_the_node(rates):
-    recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.workers=4"])
-    plan = make_plan(recipe, 32, 80 * GIB, host_memory_bytes=2 << 40, rates=rates)
+    """12M on 32 GPUs holds 2 x 393,216 samples per rank (886 GiB of inputs per node): a node of
+    768 GiB is refused, and more GPUs (smaller local batches) fit; data workers add only
+    their pieces (256 samples each, x2 prefetched)."""
+    recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", [])
+    plan = make_plan(recipe, 32, 80 * GIB, host_memory_bytes=768 * GIB, rates=rates)
     assert not plan.fits and plan.binding == "host memory per node"
     assert plan.verdict.startswith("does not fit: host memory per node needs")
-    assert "set data.workers=1" in plan.remedies
+    assert plan.remedies == ("use 48 GPUs",)
+    more_workers = make_plan(load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.workers=16"]), 32, 80 * GIB,
+                             host_memory_bytes=768 * GIB, rates=rates)
+    per_node = 8 * 16 * 2 * 256 * plan.model.host_input_bytes()
+    assert more_workers.host[mem.INPUTS] - plan.host[mem.INPUTS] == per_node - 8 * plan.recipe.data.workers * 2 * 256 * plan.model.host_input_bytes()
 
 
 def test_refuses_unsupported_model(capsys):

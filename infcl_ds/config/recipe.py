@@ -35,7 +35,8 @@ class DataSection:
     csv_caption_key: str = "title"
     csv_separator: Optional[str] = None          # default: tab for .tsv, comma otherwise
     synthetic_size: int = 4096
-    workers: int = 2
+    workers: int = 2                             # data-loader processes per rank
+    worker_batch: int = 256                      # samples per worker task (the pieces of a local batch)
     augment: bool = True
 
 
@@ -192,10 +193,13 @@ def _validate(recipe: Recipe) -> None:
         if value not in allowed:
             raise RecipeError(f"recipe: {section}.{key} must be one of {list(allowed)}, got {value!r}")
     positive = {"batch.global": recipe.batch.global_size, "batch.chunk": recipe.batch.chunk,
-                "schedule.steps": recipe.schedule.steps, "logging.every": recipe.logging.every}
+                "schedule.steps": recipe.schedule.steps, "logging.every": recipe.logging.every,
+                "data.worker_batch": recipe.data.worker_batch}
     for key, value in positive.items():
         if value < 1:
             raise RecipeError(f"recipe: {key} must be >= 1, got {value}")
+    if recipe.data.workers < 0:
+        raise RecipeError(f"recipe: data.workers must be >= 0, got {recipe.data.workers}")
     if not 0 <= recipe.schedule.warmup_steps <= recipe.schedule.steps:
         raise RecipeError(f"recipe: schedule.warmup_steps must be in [0, schedule.steps={recipe.schedule.steps}], "
                           f"got {recipe.schedule.warmup_steps}")

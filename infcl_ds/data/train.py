@@ -1,5 +1,7 @@
 """`build_train_data`: the training stream of one rank, resumable at any step."""
 import itertools
+import queue
+import threading
 
 import torch
 from torch.utils.data import DataLoader
@@ -7,6 +9,7 @@ from torch.utils.data import DataLoader
 from .batch import HostBatch
 from .dataset import Collate, TrainDataset
 from .errors import DataError
+from .pinned import pinned_empty
 from .sampler import RankBatchSampler, pieces_per_step, steps_per_epoch
 from .sources import build_source
 from .transforms import uint8_image_transform
@@ -17,8 +20,14 @@ class TrainData:
 
     The position is the number of batches already yielded in the current epoch. Each iteration
     builds a fresh DataLoader whose sampler starts at that position, so a resume is exact with
-    any number of workers; pieces prefetched by workers but never yielded are not counted.
-    Use one iterator at a time.
+    any number of workers; pieces prefetched by workers, and the batch assembled ahead, are
+    not counted until yielded. Use one iterator at a time.
+
+    While the caller trains on one batch, a thread assembles the next (its workers decode
+    pieces of `worker_batch` samples meanwhile), so decoding hides behind the step. It starts
+    the next batch only once the caller has taken the last: a rank holds two local batches,
+    the one training and the one being filled, if the caller drops each batch before asking
+    for the next (infcl_ds/train.py does).
     """
 
     def __init__(self, dataset: TrainDataset, collate: Collate, *, rank: int, world_size: int,
@@ -48,25 +57,31 @@ class TrainData:
                                    self.local_batch, self.step, self.steps_per_epoch, self.worker_batch)
         pieces = iter(DataLoader(self.dataset, batch_sampler=sampler, collate_fn=self.collate,
                                  num_workers=self.workers))
-        while self.step < self.steps_per_epoch:
-            batch = self._assemble(itertools.islice(pieces, self._pieces_per_step))
-            self.step += 1
-            yield batch
+        ahead = _AssembledAhead(lambda: self._assemble(itertools.islice(pieces, self._pieces_per_step)),
+                                self.steps_per_epoch - self.step)
+        try:
+            for batch, skipped in ahead:
+                self.step += 1
+                self.skipped += skipped
+                yield batch
+        finally:
+            ahead.stop()
 
-    def _assemble(self, pieces) -> HostBatch:
-        """Copy one local batch's pieces into host tensors (pinned when CUDA is available, so
-        that HostBatch.chunk's copies overlap compute): one copy of the batch, not two."""
+    def _assemble(self, pieces):
+        """Copy one local batch's pieces into host tensors (page-locked when CUDA is available,
+        so that HostBatch.chunk's copies overlap compute): one copy of the batch, not two.
+        Returns the batch and how many unusable samples were replaced in it."""
         images = texts = None
-        row = 0
-        for piece_images, piece_texts, skipped in pieces:
+        row = skipped = 0
+        for piece_images, piece_texts, piece_skipped in pieces:
             if images is None:
-                images = _host_rows(piece_images, self.local_batch)
-                texts = _host_rows(piece_texts, self.local_batch)
+                images = pinned_empty((self.local_batch, *piece_images.shape[1:]), piece_images.dtype)
+                texts = pinned_empty((self.local_batch, *piece_texts.shape[1:]), piece_texts.dtype)
             images[row:row + len(piece_images)] = piece_images
             texts[row:row + len(piece_texts)] = piece_texts
             row += len(piece_images)
-            self.skipped += skipped
-        return HostBatch(images, texts)
+            skipped += piece_skipped
+        return HostBatch(images, texts), skipped
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "step": self.step, "skipped": self.skipped}
@@ -78,8 +93,51 @@ class TrainData:
         self.epoch, self.step, self.skipped = state["epoch"], state["step"], state["skipped"]
 
 
-def _host_rows(like: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.empty((rows, *like.shape[1:]), dtype=like.dtype, pin_memory=torch.cuda.is_available())
+class _AssembledAhead:
+    """Runs ``make()`` ``count`` times on a thread, one result ahead of the consumer: the next
+    is started only once the consumer has taken the last. Errors reach the consumer."""
+
+    _DONE = object()
+
+    def __init__(self, make, count: int):
+        self._results = queue.Queue(maxsize=1)
+        self._taken = threading.Semaphore(0)
+        self._stopping = threading.Event()
+        # The thread's current device is the rank's, so that CUDA work there (page-locking)
+        # does not open a context on device 0.
+        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self._thread = threading.Thread(target=self._run, args=(make, count, device), daemon=True,
+                                        name="infcl-ds-next-batch")
+        self._thread.start()
+
+    def _run(self, make, count, device):
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            for _ in range(count):
+                result = make()
+                self._results.put(result)
+                self._taken.acquire()  # the consumer has it: only now start the next
+                if self._stopping.is_set():
+                    return
+            self._results.put(self._DONE)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+            self._results.put(err)
+
+    def __iter__(self):
+        while True:
+            result = self._results.get()
+            if result is self._DONE:
+                return
+            if isinstance(result, BaseException):
+                raise result
+            self._taken.release()
+            yield result
+
+    def stop(self) -> None:
+        """The consumer is done (end of epoch, or it stopped early): let the thread end."""
+        self._stopping.set()
+        self._taken.release()
 
 
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,

@@ -183,10 +183,11 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
 INPUTS, OFFLOADED, PROCESSES = "input batches", "offloaded features + gradients", "process reserve"
 
 
-def batches_in_flight(workers: int) -> int:
-    """Local batches a rank holds on the host: the one training, and what its data workers
-    have prefetched."""
-    return 1 + workers * DATALOADER_PREFETCH_FACTOR
+def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
+    """Samples a rank holds on the host: the local batch training and the next, which a
+    thread assembles meanwhile (infcl_ds/data/train.py; page-locked at exactly its size), and
+    the pieces of ``worker_batch`` samples its data workers have prefetched."""
+    return 2 * local + workers * DATALOADER_PREFETCH_FACTOR * min(worker_batch, local)
 
 
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int) -> Dict[str, int]:
@@ -198,6 +199,7 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
     local = recipe.local_batch(world)
     elem = DTYPE_BYTES[recipe.precision.dtype]
     offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
-    return {INPUTS: ranks * local * model.host_input_bytes() * batches_in_flight(recipe.data.workers),
+    held = input_samples_held(local, recipe.data.workers, recipe.data.worker_batch)
+    return {INPUTS: ranks * held * model.host_input_bytes(),
             OFFLOADED: ranks * offloaded,
             PROCESSES: ranks * HOST_RESERVE_PER_RANK}
