@@ -90,14 +90,15 @@ class Trainer:
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
         return build_train_data(asdict(self.recipe.data), rank=self.rank, world_size=self.world,
                                 local_batch=self.recipe.local_batch(self.world), seed=self.recipe.model.seed,
-                                image_size=self.info["image_size"], tokenizer=self.tokenizer)
+                                image_size=self.info["image_size"], tokenizer=self.tokenizer,
+                                mean=self.info["mean"], std=self.info["std"])
 
     def _eval_data(self):
         if not self.recipe.data.eval:
             return None
         from .data import build_eval_data
         return build_eval_data(self.recipe.data.eval, image_size=self.info["image_size"], tokenizer=self.tokenizer,
-                               batch_size=self.recipe.eval.batch_size)
+                               batch_size=self.recipe.eval.batch_size, mean=self.info["mean"], std=self.info["std"])
 
     def _resume(self, tag: str) -> None:
         from .training import checkpoint

@@ -176,11 +176,20 @@ def test_val_transform_matches_open_clip(size, mode, tokenizer):
 def test_chunk_slices_and_casts():
     g = torch.Generator().manual_seed(0)
     batch = HostBatch(torch.randint(0, 256, (6, 3, 4, 4), dtype=torch.uint8, generator=g),
-                      torch.arange(12).view(6, 2))
-    images, texts = batch.chunk(2, 5, torch.device("cpu"), dtype=torch.bfloat16, mean=(0.5,) * 3, std=(0.5,) * 3)
+                      torch.arange(12).view(6, 2), mean=(0.5,) * 3, std=(0.5,) * 3)
+    images, texts = batch.chunk(2, 5, torch.device("cpu"), dtype=torch.bfloat16)
     assert len(batch) == 6 and images.shape == (3, 3, 4, 4) and images.dtype == torch.bfloat16
     assert torch.equal(texts, batch.texts[2:5])
     assert torch.allclose(images.float(), batch.images[2:5].float() / 127.5 - 1, atol=1e-2)
+
+
+def test_training_batches_use_the_models_normalisation(tokenizer):
+    """A SigLIP-style model (mean = std = 0.5) trains on its own normalisation, not OpenAI's."""
+    data = build({"source": "synthetic", "synthetic_size": 8, "workers": 0}, tokenizer, local_batch=4,
+                 mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    batch = next(iter(data))
+    images, _ = batch.chunk(0, 4, torch.device("cpu"))
+    assert torch.allclose(images, batch.images.float() / 127.5 - 1, atol=1e-6)
 
 
 def test_train_transform_is_deterministic_per_sample(digits_dir, tokenizer):

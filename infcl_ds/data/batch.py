@@ -5,6 +5,7 @@ and of the host-to-device traffic of float32, which matters when a local batch h
 thousands of images. The float conversion then happens on the device.
 """
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
@@ -25,19 +26,22 @@ def normalize(images: torch.Tensor, mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET
 
 @dataclass
 class HostBatch:
-    """One rank's local batch, on the host (pinned when CUDA is available).
+    """One rank's local batch, on the host (page-locked when CUDA is available).
 
     images: uint8 [n, 3, H, W], after resize/crop/augmentation, before /255 and normalisation.
     texts: int64 [n, context_length] token ids.
+    mean, std: the model's normalisation (its preprocess_cfg: OpenAI's for most open_clip
+    models, 0.5 for SigLIP's), applied per chunk on the device.
     """
     images: torch.Tensor
     texts: torch.Tensor
+    mean: Tuple[float, ...] = OPENAI_DATASET_MEAN
+    std: Tuple[float, ...] = OPENAI_DATASET_STD
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def chunk(self, lo: int, hi: int, device, dtype=torch.float32,
-              mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD):
+    def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
         """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts).
 
         The uint8 slice is copied first (non_blocking: it overlaps compute when pinned), and
@@ -45,4 +49,4 @@ class HostBatch:
         """
         images = self.images[lo:hi].to(device, non_blocking=True)
         texts = self.texts[lo:hi].to(device, non_blocking=True)
-        return normalize(images, mean, std, dtype), texts
+        return normalize(images, self.mean, self.std, dtype), texts

@@ -4,6 +4,7 @@ import queue
 import threading
 
 import torch
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader
 
 from .batch import HostBatch
@@ -31,11 +32,13 @@ class TrainData:
     """
 
     def __init__(self, dataset: TrainDataset, collate: Collate, *, rank: int, world_size: int,
-                 local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int):
+                 local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int,
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD):
         if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
             raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
                             f"worker_batch {worker_batch}")
         self.dataset, self.collate, self.workers = dataset, collate, workers
+        self.mean, self.std = tuple(mean), tuple(std)  # the model's normalisation, applied per chunk
         self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
         self.worker_batch = min(worker_batch, local_batch)
         self._pieces_per_step = pieces_per_step(local_batch, self.worker_batch)
@@ -81,7 +84,7 @@ class TrainData:
             texts[row:row + len(piece_texts)] = piece_texts
             row += len(piece_images)
             skipped += piece_skipped
-        return HostBatch(images, texts), skipped
+        return HostBatch(images, texts, self.mean, self.std), skipped
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "step": self.step, "skipped": self.skipped}
@@ -141,7 +144,8 @@ class _AssembledAhead:
 
 
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
-                     image_size: int, tokenizer, drop_last: bool = True) -> TrainData:
+                     image_size: int, tokenizer, drop_last: bool = True,
+                     mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD) -> TrainData:
     """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
     "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
     workers (default 2), augment (default True), worker_batch (samples per worker task,
@@ -150,4 +154,4 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     return TrainData(TrainDataset(source, transform, seed), Collate(tokenizer), rank=rank,
                      world_size=world_size, local_batch=local_batch, seed=seed, drop_last=drop_last,
-                     workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256))
+                     workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256), mean=mean, std=std)
