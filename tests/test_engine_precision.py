@@ -95,23 +95,34 @@ def _clamped(rank, world, stage, dtype):
               "zero_allow_untested_optimizer": True}
     step = ContrastiveEngine.create(model, config, 8, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
     images, texts = inputs()
+    param = step.model.logit_scale
+
+    def working():
+        with step._full(param):  # ZeRO-3: the whole parameter, not this rank's empty shard
+            return float(param.detach().float().reshape(-1)[0])
+
     seen = []
     for _ in range(2):
-        step.train_step(images[:16], texts[:16])
-        param = step.model.logit_scale
+        # train_step's parts, to read what the optimizer step wrote back before the clamp:
+        # from the second step on, that is the master copy the first clamp must have reached.
+        step.backward(images[:16], texts[:16])
+        step.engine.step()
+        written_back = working()
+        step._clamp_logit_scale(math.log(100.0))
         master = safe_get_full_fp32_param(param)
-        with step._full(param):  # ZeRO-3: the whole parameter, not this rank's empty shard
-            working = float(param.detach().float().reshape(-1)[0])
-        seen.append((working, None if master is None else float(master.reshape(-1)[0])))
+        seen.append((written_back, working(), None if master is None else float(master.reshape(-1)[0])))
     return seen
 
 
 def test_logit_scale_clamp_reaches_the_master_copy():
     # lr 0: only the clamp moves the scale. After each step both the working parameter and
-    # the fp32 master hold ln(100); were only the bf16 copy clamped, the master would keep
-    # ln(150) and restore it at the next step.
+    # the master hold ln(100); were only the working copy clamped, the optimizer's master
+    # would keep ln(150) and write it back at the next step (seen as written_back).
     upper = math.log(100.0)
-    for stage, dtype in ((0, "fp32"), (2, "bf16"), (3, "bf16")):
-        for param, master in run_ranks(_clamped, 1, stage, dtype)[0]:
+    for stage, dtype in ((0, "fp32"), (0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16")):
+        seen = run_ranks(_clamped, 1, stage, dtype)[0]
+        for k, (written_back, param, master) in enumerate(seen):
             assert abs(param - upper) < 2e-2, (stage, dtype, param)
             assert master is None or abs(master - upper) < 1e-6, (stage, dtype, master)
+            if k > 0:
+                assert abs(written_back - upper) < 2e-2, (stage, dtype, "master not clamped", written_back)

@@ -246,5 +246,12 @@ class ContrastiveEngine:
         master = safe_get_full_fp32_param(param)  # None without a ZeRO optimizer
         if master is not None and bool(master.max() > upper):
             safe_set_full_fp32_param(param, master.clamp(max=upper))
+        # bf16 without ZeRO: FP16_UnfusedOptimizer keeps the fp32 copies in lists parallel
+        # to the parameters', outside DeepSpeed's hp mapping (safe_get_* gives None).
+        optimizer = self.engine.optimizer
+        for low, high in zip(getattr(optimizer, "fp16_groups", ()), getattr(optimizer, "fp32_groups", ())):
+            for working, copy in zip(low, high):
+                if working is param and isinstance(copy, torch.Tensor) and copy.shape == param.shape:
+                    copy.data.clamp_(max=upper)
         with self._full(param, modify=True), torch.no_grad():
             param.clamp_(max=upper)
