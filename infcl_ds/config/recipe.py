@@ -187,7 +187,34 @@ def _apply_override(tree: Dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = yaml.safe_load(text)
 
 
+# DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override would
+# silently change the step (e.g. gradient_accumulation_steps > 1 steps the optimizer less
+# often, and the engine's gradient scaling assumes 1). The recipe key to use instead.
+_OWNED_DEEPSPEED_KEYS = {
+    "train_micro_batch_size_per_gpu": "batch.chunk", "gradient_accumulation_steps": "batch.global",
+    "train_batch_size": "batch.global", "gradient_clipping": "optimizer.grad_clip",
+    "bf16": "precision.dtype", "fp16": "precision.dtype", "scheduler": "schedule.*",
+    "optimizer": "optimizer.*",
+}
+
+
+def _check_overrides(recipe: Recipe) -> None:
+    overrides = recipe.zero.overrides
+    for key, instead in _OWNED_DEEPSPEED_KEYS.items():
+        if key in overrides:
+            raise RecipeError(f"recipe: zero.overrides.{key} is set by the recipe; use {instead}")
+    if "stage" in overrides.get("zero_optimization", {}):
+        raise RecipeError("recipe: zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage")
+    accum = overrides.get("data_types", {}).get("grad_accum_dtype")
+    if accum is not None and recipe.precision.dtype == "bf16":
+        # DeepSpeed's own fp32 accumulation (BF16_Optimizer) cannot coalesce a step's chunks into
+        # one reduction (NotImplementedError under ZeRO-1); the engine sums chunk gradients in fp32.
+        raise RecipeError("recipe: zero.overrides.data_types.grad_accum_dtype is not supported with bf16; "
+                          "precision.grad_accum_fp32 (default true) sums the chunk gradients in fp32")
+
+
 def _validate(recipe: Recipe) -> None:
+    _check_overrides(recipe)
     for (section, key), allowed in _CHOICES.items():
         value = getattr(getattr(recipe, section), key)
         if value not in allowed:

@@ -76,6 +76,12 @@ class ContrastiveEngine:
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
                       grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile)
+        dp = getattr(engine, "dp_world_size", wrapped.world_size)
+        if dp != wrapped.world_size:
+            # The feature gradients are scaled by the loss group's size to undo DeepSpeed's
+            # average over its data-parallel ranks: the two must be the same ranks.
+            raise ValueError(f"the loss group has {wrapped.world_size} ranks but DeepSpeed averages gradients over "
+                             f"{dp} data-parallel ranks; pass group= the data-parallel group")
         wrapped.scalar_parameter_names = scalar_names
         return wrapped
 
