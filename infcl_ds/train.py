@@ -201,15 +201,21 @@ class Trainer:
         return results
 
     def _progress_bar(self):
-        if self.rank != 0 or not self.recipe.logging.progress:
+        """tqdm's bar on a terminal; in a log file (a cluster job, a pipe) plain progress lines
+        instead (``_show``), which do not pile up carriage returns."""
+        if self.rank != 0 or not self.recipe.logging.progress or not sys.stderr.isatty():
             return None
         from tqdm import tqdm
         return tqdm(total=self.recipe.schedule.steps, initial=self.step, desc="train", unit="step",
                     dynamic_ncols=True, file=sys.stderr)
 
-    @staticmethod
-    def _show(bar, row) -> None:
+    def _show(self, bar, row) -> None:
         if bar is None:
+            steps = self.recipe.schedule.steps
+            if self.rank == 0 and self.recipe.logging.progress and (
+                    row["step"] % max(1, steps // 20) == 0 or row["step"] == steps):
+                print(f"step {row['step']}/{steps}: loss {row['loss']:.4f}, {row['samples_per_s']:.0f} samples/s, "
+                      f"peak {row['peak_mem_gib']:.1f} GiB, skipped {row['skipped']}", file=sys.stderr, flush=True)
             return
         bar.n = row["step"]
         bar.set_postfix(loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_s']:.0f}",

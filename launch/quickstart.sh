@@ -19,7 +19,8 @@ trained=$(date +%s)
 echo "[quickstart] set-up and data: $((trained - start)) s; training..." >&2
 rm -rf runs/tiny-cpu && mkdir -p runs
 bash launch/train.sh ds_configs/recipes/tiny-cpu.yaml --num_gpus 2 --master_addr 127.0.0.1 "$@" 2>&1 |
-  grep -v -E "^\[20[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]" | tee runs/quickstart.log | grep -E "^(zero-shot|image->text|text->image|run directory|train time)|Error|error" || true
+  grep --line-buffered -v -E "^\[20[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]" | tee runs/quickstart.log |
+  grep --line-buffered -E "^(step [0-9]+/|zero-shot|image->text|text->image|run directory|train time)|Error|error" || true
 end=$(date +%s)
 echo "[quickstart] training + evaluation: $((end - trained)) s; whole command: $((end - start)) s" >&2
 grep -q "^zero-shot top-1:" runs/quickstart.log

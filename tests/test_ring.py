@@ -117,17 +117,18 @@ def test_bad_input_on_one_rank_raises_on_every_rank(kind, expected):
         assert expected in results[rank], (rank, results[rank])
 
 
-def _peer_fails(rank, world, how):
-    import infcl_ds.ops.block as block
+def _peer_fails(rank, world, how, phase):
     from infcl_ds import contrastive_loss
     from infcl_ds.parallel.ring import RingError
 
+    import infcl_ds.parallel.ring_loss as ring_loss
+    name = "block_lse" if phase == "forward" else "block_backward"
     calls = {"n": 0}
-    original = block.block_lse
+    original = getattr(ring_loss, name)
 
-    def failing_block_lse(*args, **kw):
+    def failing(*args, **kw):
         calls["n"] += 1
-        if rank == 1 and calls["n"] == 2:  # in the middle of the forward ring
+        if rank == 1 and calls["n"] == 2:  # in the middle of this pass's ring
             if how == "dies":
                 os._exit(3)
             if how == "hangs":
@@ -135,23 +136,23 @@ def _peer_fails(rank, world, how):
             raise RuntimeError("injected failure on rank 1")
         return original(*args, **kw)
 
-    import infcl_ds.parallel.ring_loss as ring_loss
-    ring_loss.block_lse = failing_block_lse
-    image, text = torch.randn(16, 8), torch.randn(16, 8)
+    setattr(ring_loss, name, failing)
+    image, text = torch.randn(16, 8, requires_grad=True), torch.randn(16, 8, requires_grad=True)
     t0 = time.monotonic()
     try:
-        contrastive_loss(image, text, torch.tensor(10.0), backend="torch")
+        contrastive_loss(image, text, torch.tensor(10.0), backend="torch").backward()
     except RingError as err:
         return ("RingError", str(err), time.monotonic() - t0)
     return ("finished", "", time.monotonic() - t0)
 
 
-@pytest.mark.parametrize("how", ["dies", "raises", "hangs"])
-def test_dead_failing_or_stuck_peer_stops_the_others_with_a_clear_error(how):
-    # A dead or raising peer closes its connections: the others fail at once. A stuck one
-    # is caught by the process group's timeout (deepspeed.init_distributed(timeout=...),
-    # here 8 s): no silent hang either way.
-    results = run_ranks(_peer_fails, 3, how, timeout_s=8, wait_s=120, allow_errors=True)
+@pytest.mark.parametrize("phase,how", [("forward", "dies"), ("forward", "raises"), ("forward", "hangs"),
+                                       ("backward", "dies"), ("backward", "raises")])
+def test_dead_failing_or_stuck_peer_stops_the_others_with_a_clear_error(phase, how):
+    # A dead or raising peer closes its connections: the others fail at once (gloo). A stuck
+    # one is caught by the process group's timeout (deepspeed.init_distributed(timeout=...),
+    # here 8 s): no silent hang either way, in the forward ring or the backward's.
+    results = run_ranks(_peer_fails, 3, how, phase, timeout_s=8, wait_s=120, allow_errors=True)
     for rank in (0, 2):
         kind, message, seconds = results[rank]
         assert kind == "RingError" and "infcl_ds ring" in message, results[rank]
