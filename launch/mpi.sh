@@ -51,6 +51,13 @@ if [ -n "$hostfile" ]; then
 fi
 export MASTER_ADDR=${master_addr:-127.0.0.1} MASTER_PORT=$master_port
 
+# The data paths first: a typo fails here, not after every rank has built its engine.
+sets=()
+for i in "${!planner[@]}"; do
+  [ "${planner[$i]}" != "--set" ] || sets+=(--set "${planner[$((i + 1))]}")
+done
+python -m infcl_ds.cli data check --config "$recipe" ${sets[@]+"${sets[@]}"} || exit 2
+
 if [ "$plan" = 1 ]; then
   python -m infcl_ds.plan.cli --config "$recipe" --gpus "$np" --gpus-per-node "$per_node" \
     ${planner[@]+"${planner[@]}"} || { status=$?; echo "mpi.sh: the planner refused $recipe" >&2; exit "$status"; }

@@ -20,7 +20,7 @@ usage() { sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,3\}//' >&2; exit "${
 [ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
 recipe=$1
 shift
-launcher=() world=() trainer=() planner=() plan=1 hostfile=""
+launcher=() world=() trainer=() planner=() trainer_sets=() plan=1 hostfile=""
 while [ $# -gt 0 ]; do
   case $1 in
     --hostfile) hostfile=$2; launcher+=("$1" "$2"); world+=("$1" "$2"); shift 2 ;;
@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --master_addr|--master_port|--node_rank|--ssh_port|--enable_each_rank_log) launcher+=("$1" "$2"); shift 2 ;;
     --no_ssh) launcher+=("$1"); shift ;;
     --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
-    --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); shift 2 ;;
+    --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); trainer_sets+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
     --no-plan) plan=0; shift ;;
     -h|--help) usage 0 ;;
@@ -40,6 +40,9 @@ done
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -x "$root/.venv/bin/python" ]; then
   export PATH="$root/.venv/bin:$PATH"
 fi
+
+# The data paths first: a typo fails here, not after every rank has built its engine.
+python -m infcl_ds.cli data check --config "$recipe" ${trainer_sets[@]+"${trainer_sets[@]}"} || exit 2
 
 if [ "$plan" = 1 ]; then
   # The planner resolves the world as the launcher will: the hostfile's slots with --include,

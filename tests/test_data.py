@@ -379,3 +379,20 @@ def test_synthetic_source(tokenizer):
         assert b.texts.shape == (3, 16) and b.texts.dtype == torch.int64
     again = list(build(spec, tokenizer, local_batch=3, image_size=24))
     assert all(torch.equal(a.images, b.images) and torch.equal(a.texts, b.texts) for a, b in zip(batches, again))
+
+
+def test_data_check_names_what_is_missing(tmp_path, id_shards, digits_dir):
+    from infcl_ds.config import load_recipe
+    from infcl_ds.data.check import check_paths
+
+    def data(*sets):
+        return load_recipe(None, list(sets)).data
+    assert check_paths(data("data.source=synthetic")).startswith("synthetic data")
+    found = check_paths(data("data.source=webdataset", f"data.train={id_shards}", f"data.eval={digits_dir}/test"))
+    assert found.startswith(f"{len(ID_SHARD_SIZES)} shards") and "evaluation split" in found
+    with pytest.raises(DataError, match="matches no file"):
+        check_paths(data("data.source=webdataset", f"data.train={tmp_path}/*.tar"))
+    with pytest.raises(DataError, match="CSV file .* does not exist"):
+        check_paths(data("data.source=csv", f"data.train={tmp_path}/x.csv"))
+    with pytest.raises(DataError, match="no zeroshot.json"):
+        check_paths(data("data.source=synthetic", f"data.eval={id_shards}"))

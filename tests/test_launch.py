@@ -139,3 +139,15 @@ def test_train_sh_refuses_what_the_planner_refuses(tmp_path):
     assert "does not fit: one chunk's activations alone need" in proc.stdout
     assert "the planner refused" in proc.stderr
     assert not (tmp_path / "runs").exists()  # the recipe's output_dir: nothing was launched
+
+
+def test_missing_data_fails_before_launch(tmp_path):
+    """launch/train.sh checks the recipe's data paths on the launching node (infcl-ds data
+    check): a missing shard is refused in seconds with its name, before DeepSpeed starts."""
+    sets = [arg for s in SYNTHETIC + ["data.source=webdataset", f"data.train={tmp_path}/nope-{{000..003}}.tar"]
+            for arg in ("--set", s)]
+    log = tmp_path / "launch.log"
+    proc = start([ROOT / "launch" / "train.sh", RECIPE, "--num_gpus", 2, *sets], tmp_path / "cwd", environment(), log)
+    assert proc.wait(timeout=TIMEOUT_S) == 2
+    text = log.read_text()
+    assert f"shard {tmp_path}/nope-000.tar does not exist" in text and "deepspeed" not in text.lower()
