@@ -41,6 +41,11 @@ class ClipLoss(nn.Module):
     compatibility; the result is the same whichever is set (the loss is always the exact
     global one). world_size: the data-parallel size whose averaging is compensated; it must
     match the process group. Horovod is not supported.
+
+    Gradients are those of open_clip's ClipLoss(local_loss=True, gather_with_grad=True). A
+    run that used open_clip's default (gather_with_grad=False: gathered features carry no
+    gradient) had encoder gradients W times smaller; with AdamW that changes little, with SGD
+    or a gradient-clipping threshold it changes the effective step.
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,

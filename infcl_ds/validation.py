@@ -24,7 +24,10 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
     if image.dtype != text.dtype:
         raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
     if not isinstance(logit_scale, torch.Tensor):
-        logit_scale = torch.tensor(float(logit_scale), device=image.device)
+        try:
+            logit_scale = torch.tensor(float(logit_scale), device=image.device)
+        except (TypeError, ValueError):  # a ValueError, like every other bad input: raised on every rank
+            raise ValueError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__}") from None
     if logit_scale.numel() != 1:
         raise ValueError(f"logit_scale must be a 0-dim or 1-element tensor, got shape {tuple(logit_scale.shape)}")
     if not logit_scale.is_floating_point():

@@ -132,7 +132,10 @@ def test_mpirun_two_ranks_are_one_job(tmp_path, one_node_four_ranks):
 def test_train_sh_refuses_what_the_planner_refuses(tmp_path):
     """A recipe that cannot fit is never launched: the planner's verdict and exit status."""
     recipe = ROOT / "ds_configs" / "recipes" / "vit-l14-256k-8gpu.yaml"
-    command = [ROOT / "launch" / "train.sh", recipe, "--num_gpus", "8", "--set", "batch.chunk=1024"]
+    # Synthetic data: the recipe's shards are not on this machine, and the data check (run
+    # first) would refuse them before the planner is asked.
+    command = [ROOT / "launch" / "train.sh", recipe, "--num_gpus", "8", "--set", "batch.chunk=1024",
+               "--set", "data.source=synthetic", "--set", "data.eval=null"]
     proc = subprocess.run([str(c) for c in command], cwd=tmp_path, env=environment(), capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 1

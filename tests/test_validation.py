@@ -24,6 +24,7 @@ def feats(n=4, d=8, dtype=torch.float32):
     (lambda: (torch.randn(4, 8), torch.randn(4, 8).index_fill_(0, torch.tensor([1]), float("inf")), torch.tensor(1.0)),
      "text_features contains NaN or Inf"),
     (lambda: ([[1.0]], torch.randn(1, 1), torch.tensor(1.0)), "must be a torch.Tensor"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), None), "logit_scale must be a number or a tensor, got NoneType"),
 ])
 def test_bad_input_raises_named_error(make, match):
     image, text, scale = make()
