@@ -47,7 +47,7 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 GPU_RUNTIME_RESERVE = int(2.5 * GIB)
 HOST_RESERVE_PER_RANK = 8 * GIB
 # torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
-# keeps) finished batches per worker, each a whole local batch, besides the one training.
+# keeps) finished tasks per worker, each a piece of data.worker_batch samples.
 DATALOADER_PREFETCH_FACTOR = 2
 
 PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", "fp32 gradient sum"
