@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
+from ..resources import resource
 from .recipe import Recipe, RecipeError
 
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+REPO_CONFIGS = resource("ds_configs")
 
 
 def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:

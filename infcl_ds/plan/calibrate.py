@@ -23,13 +23,14 @@ import sys
 from pathlib import Path
 
 from ..config import load_recipe
+from ..resources import resource
 from . import memory as mem
 from .encoders import ACTIVATION_CALIBRATION, estimate_model
 from .plan import make_plan
 from .timing import MEASURED_ENCODER_RATES, KernelRates
 
 MIB = 1 << 20
-TRAIN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "train.json"
+TRAIN = resource("docs", "benchmarks", "train.json")
 
 
 def row_recipe(row: dict, meta: dict):

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..resources import resource
 from .encoders import ModelEstimate
 from .errors import PlanError
 from .memory import DTYPE_BYTES
 
-MEASURED_RATES = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "loss.json"
+MEASURED_RATES = resource("docs", "benchmarks", "loss.json")
 
 @dataclass(frozen=True)
 class EncoderRate:
