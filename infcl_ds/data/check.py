@@ -11,17 +11,14 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import DataError
-from .sources import SOURCES
+from .sources import check_source_keys
 
 
 def check_paths(data) -> str:
     """A one-line summary of what the recipe's `data` section points at; DataError otherwise."""
-    if data.source not in SOURCES:
-        raise DataError(f"data.source must be one of {SOURCES}, got {data.source!r}")
+    check_source_keys(data.source, data.train)
     if data.source == "synthetic":
         found = f"synthetic data, {data.synthetic_size} samples"
-    elif data.train is None:
-        raise DataError(f"data.train is required for source {data.source!r}")
     elif data.source == "webdataset":
         from .webdataset_source import expand_shards
         found = f"{len(expand_shards(data.train))} shards"
