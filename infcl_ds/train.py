@@ -132,6 +132,9 @@ class Trainer:
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             loss = self.step_engine.train_step(batch)
+            # An encoded batch finds its undecodable images during the step (data/encoded.py).
+            self.data.skipped += getattr(batch, "decode_skipped", 0)
+            decode_wait = getattr(batch, "decode_wait_s", 0.0)
             # Dropped before the next is asked for: the data thread fills the next batch while
             # this one trains, so a rank holds two local batches, not three.
             del batch
@@ -141,7 +144,8 @@ class Trainer:
                 row = {"step": self.step, "epoch": self.data.state_dict()["epoch"], "loss": loss.item(),
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
-                       "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total()}
+                       "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
+                       "decode_wait_s": decode_wait}
                 logger.log_step(row)
                 self._show(bar, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:

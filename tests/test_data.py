@@ -68,8 +68,9 @@ def id_shards(tmp_path_factory):
     return folder
 
 
-def ids_of(batch: HostBatch):
-    return (batch.images[:, 0, 0, 0].long() + 256 * batch.images[:, 1, 0, 0].long()).tolist()
+def ids_of(batch):
+    images, _ = batch.decoded(0, len(batch))
+    return (images[:, 0, 0, 0].long() + 256 * images[:, 1, 0, 0].long()).tolist()
 
 
 def build(spec, tokenizer, *, rank=0, world_size=1, local_batch=4, seed=0, image_size=8, **kw):
@@ -189,15 +190,16 @@ def test_training_batches_use_the_models_normalisation(tokenizer):
                  mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
     batch = next(iter(data))
     images, _ = batch.chunk(0, 4, torch.device("cpu"))
-    assert torch.allclose(images, batch.images.float() / 127.5 - 1, atol=1e-6)
+    assert torch.allclose(images, batch.decoded(0, 4)[0].float() / 127.5 - 1, atol=1e-6)
 
 
 def test_train_transform_is_deterministic_per_sample(digits_dir, tokenizer):
     spec = {"source": "webdataset", "train": str(digits_dir / "train/shard-000000.tar"), "workers": 0}
     first, second = (next(iter(build(spec, tokenizer, image_size=32, local_batch=8))) for _ in range(2))
-    assert torch.equal(first.images, second.images)
+    assert torch.equal(first.decoded(0, len(first))[0], second.decoded(0, len(second))[0])
     plain = next(iter(build({**spec, "augment": False}, tokenizer, image_size=32, local_batch=8)))
-    assert torch.equal(first.texts, plain.texts) and not torch.equal(first.images, plain.images)
+    (augmented, texts), (unaugmented, plain_texts) = first.decoded(0, 8), plain.decoded(0, 8)
+    assert torch.equal(texts, plain_texts) and not torch.equal(augmented, unaugmented)
 
 
 # ---------------------------------------------------------------------------- distribution
@@ -255,7 +257,7 @@ def test_resume_is_exact(digits_dir, tokenizer, workers):
     rest = list(resumed)
     assert len(head) + len(rest) == len(expected)
     for got, want in zip(head + rest, expected):
-        assert torch.equal(got.images, want.images) and torch.equal(got.texts, want.texts)
+        assert torch.equal(got.decoded(0, len(got))[0], want.decoded(0, len(want))[0]) and torch.equal(got.decoded(0, len(got))[1], want.decoded(0, len(want))[1])
     assert resumed.state_dict()["step"] == resumed.steps_per_epoch and list(resumed) == []
 
 
@@ -282,14 +284,17 @@ def damaged_shard(tmp_path):
 
 
 def test_skipped_samples_are_replaced_and_counted(damaged_shard, tokenizer):
-    data = build(id_spec(damaged_shard, workers=2, worker_batch=2), tokenizer, local_batch=5)
+    # Decoded host batches find an undecodable image in the worker (encoded ones while the
+    # step decodes it: test_encoded.py).
+    data = build(id_spec(damaged_shard, workers=2, worker_batch=2, host_batch="decoded"), tokenizer, local_batch=5)
     batches = list(data)
     assert [len(b) for b in batches] == [5, 5] and data.skipped == 3
     # Each unusable sample is replaced by its next neighbour in storage order.
     assert sorted(i for b in batches for i in ids_of(b)) == [0, 1, 2, 4, 4, 5, 7, 7, 9, 9]
     assert data.state_dict()["skipped"] == 3
 
-    per_rank = [build(id_spec(damaged_shard), tokenizer, rank=r, world_size=2, local_batch=5) for r in range(2)]
+    per_rank = [build(id_spec(damaged_shard, host_batch="decoded"), tokenizer, rank=r, world_size=2, local_batch=5)
+                for r in range(2)]
     for d in per_rank:
         list(d)
     assert sum(d.skipped for d in per_rank) == 3
@@ -359,7 +364,7 @@ def test_csv_source(tmp_path, tokenizer):
                  tokenizer, local_batch=3)
     batches = list(data)
     assert data.num_samples == 6 and len(batches) == data.steps_per_epoch == 2
-    assert all(b.images.shape == (3, 3, 8, 8) and b.texts.shape == (3, 16) for b in batches)
+    assert all(b.decoded(0, len(b))[0].shape == (3, 3, 8, 8) and b.decoded(0, len(b))[1].shape == (3, 16) for b in batches)
     # The missing image is replaced by the next row, wrapping around to row 0.
     assert data.skipped == 1 and sorted(i for b in batches for i in ids_of(b)) == [0, 0, 1, 2, 3, 4]
 
@@ -375,10 +380,10 @@ def test_synthetic_source(tokenizer):
     batches = list(data)
     assert data.num_samples == 10 and len(batches) == data.steps_per_epoch == 3
     for b in batches:
-        assert b.images.shape == (3, 3, 24, 24) and b.images.dtype == torch.uint8
-        assert b.texts.shape == (3, 16) and b.texts.dtype == torch.int64
+        assert b.decoded(0, len(b))[0].shape == (3, 3, 24, 24) and b.decoded(0, len(b))[0].dtype == torch.uint8
+        assert b.decoded(0, len(b))[1].shape == (3, 16) and b.decoded(0, len(b))[1].dtype == torch.int64
     again = list(build(spec, tokenizer, local_batch=3, image_size=24))
-    assert all(torch.equal(a.images, b.images) and torch.equal(a.texts, b.texts) for a, b in zip(batches, again))
+    assert all(torch.equal(a.decoded(0, len(a))[0], b.decoded(0, len(b))[0]) and torch.equal(a.decoded(0, len(a))[1], b.decoded(0, len(b))[1]) for a, b in zip(batches, again))
 
 
 def test_data_check_names_what_is_missing(tmp_path, id_shards, digits_dir):

@@ -38,6 +38,10 @@ class DataSection:
     workers: int = 2                             # data-loader processes per rank
     worker_batch: int = 256                      # samples per worker task (the pieces of a local batch)
     augment: bool = True
+    host_batch: str = "encoded"                  # encoded: images held as stored, decoded per chunk | decoded
+    decode_workers: int = 2                      # encoded: decode processes per rank (0: in the training process)
+    image_bytes: Optional[int] = None            # encoded: mean stored bytes per image, for the planner
+                                                 # (default: measured from the shards where readable)
 
 
 @dataclass
@@ -119,7 +123,8 @@ class Recipe:
 
 # YAML spells the global batch `global` (a Python keyword, hence the field's name).
 _YAML_ALIASES = {"global": "global_size"}
-_CHOICES = {("data", "source"): ("webdataset", "csv", "synthetic"), ("precision", "dtype"): ("bf16", "fp32"),
+_CHOICES = {("data", "source"): ("webdataset", "csv", "synthetic"), ("data", "host_batch"): ("encoded", "decoded"),
+            ("precision", "dtype"): ("bf16", "fp32"),
             ("zero", "stage"): (0, 1, 2, 3)}
 
 
@@ -225,8 +230,11 @@ def _validate(recipe: Recipe) -> None:
     for key, value in positive.items():
         if value < 1:
             raise RecipeError(f"recipe: {key} must be >= 1, got {value}")
-    if recipe.data.workers < 0:
-        raise RecipeError(f"recipe: data.workers must be >= 0, got {recipe.data.workers}")
+    for key in ("workers", "decode_workers"):
+        if getattr(recipe.data, key) < 0:
+            raise RecipeError(f"recipe: data.{key} must be >= 0, got {getattr(recipe.data, key)}")
+    if recipe.data.image_bytes is not None and recipe.data.image_bytes < 1:
+        raise RecipeError(f"recipe: data.image_bytes must be >= 1, got {recipe.data.image_bytes}")
     if not 0 <= recipe.schedule.warmup_steps <= recipe.schedule.steps:
         raise RecipeError(f"recipe: schedule.warmup_steps must be in [0, schedule.steps={recipe.schedule.steps}], "
                           f"got {recipe.schedule.warmup_steps}")

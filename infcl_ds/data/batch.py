@@ -41,6 +41,10 @@ class HostBatch:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def decoded(self, lo: int, hi: int, device=None):
+        """Rows [lo, hi): (uint8 images, int64 texts), as EncodedBatch.decoded."""
+        return self.images[lo:hi], self.texts[lo:hi]
+
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
         """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts).
 

@@ -3,7 +3,7 @@ import csv
 from pathlib import Path
 
 from .errors import DataError
-from .samples import Sample, SkipSample, decode_caption, decode_image
+from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, require_image_bytes
 
 
 class CsvSource:
@@ -33,6 +33,10 @@ class CsvSource:
         return len(self.images)
 
     def load(self, index: int) -> Sample:
+        sample = self.load_encoded(index)
+        return Sample(decode_image(sample.image), sample.caption)
+
+    def load_encoded(self, index: int) -> EncodedSample:
         caption = decode_caption(self.captions[index])
         if not self.images[index]:  # empty cell, or None from a short row
             raise SkipSample("no image path")
@@ -40,4 +44,4 @@ class CsvSource:
             data = (self.root / self.images[index]).read_bytes()
         except OSError as e:
             raise SkipSample(f"cannot read image {self.images[index]}: {e}") from e
-        return Sample(decode_image(data), caption)
+        return EncodedSample(require_image_bytes(data), caption)

@@ -33,21 +33,26 @@ class TrainDataset(Dataset):
 
     def __getitem__(self, item: Tuple[int, int]):
         epoch, index = item
-        sample, skipped = self._load_or_replace(index)
-        # Seeded by the slot (epoch, index): the crop depends on nothing a resume could change.
-        image = apply_seeded(self.transform, sample.image, sample_seed(self.seed, epoch, index))
-        return image, sample.caption, skipped
+        sample, skipped = load_or_replace(self.source.load, len(self.source), index)
+        return transform_image(self.transform, sample.image, self.seed, epoch, index), sample.caption, skipped
 
-    def _load_or_replace(self, index: int) -> Tuple[Sample, int]:
-        n = len(self.source)
-        tries = min(MAX_REPLACEMENT_TRIES, n)
-        for offset in range(tries):
-            try:
-                return self.source.load((index + offset) % n), int(offset > 0)
-            except SkipSample as e:
-                reason = e
-        raise DataError(f"{tries} samples from index {index} on (of {n}) are all unusable, "
-                        f"the last because: {reason}")
+
+def transform_image(transform, image, seed: int, epoch: int, index: int) -> torch.Tensor:
+    """The slot's augmented uint8 image. Seeded by the slot (epoch, index): the crop depends on
+    nothing a resume, a worker count or a second decode of the same bytes could change."""
+    return apply_seeded(transform, image, sample_seed(seed, epoch, index))
+
+
+def load_or_replace(load, n: int, index: int) -> Tuple[Sample, int]:
+    """`load(index)`, or the next usable sample in storage order (the module's rule)."""
+    tries = min(MAX_REPLACEMENT_TRIES, n)
+    for offset in range(tries):
+        try:
+            return load((index + offset) % n), int(offset > 0)
+        except SkipSample as e:
+            reason = e
+    raise DataError(f"{tries} samples from index {index} on (of {n}) are all unusable, "
+                    f"the last because: {reason}")
 
 
 class Collate:

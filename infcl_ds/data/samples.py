@@ -23,10 +23,28 @@ class Sample:
     label: Optional[int] = None
 
 
+@dataclass
+class EncodedSample:
+    """A sample as stored: the image's file bytes (JPEG/PNG/WebP), decoded only when a chunk
+    of the batch reaches the encoder (infcl_ds/data/encoded.py)."""
+    image: bytes
+    caption: str
+
+
 class Source(Protocol):
     def __len__(self) -> int: ...
 
     def load(self, index: int) -> Sample: ...
+
+    def load_encoded(self, index: int) -> EncodedSample: ...
+
+
+def require_image_bytes(data: Optional[bytes]) -> bytes:
+    """The image member's bytes; a missing or empty one is unusable. Whether they decode is
+    found out later, when the chunk is decoded."""
+    if not data:
+        raise SkipSample("no image")
+    return data
 
 
 def decode_image(data: Optional[bytes]) -> Image.Image:

@@ -1,11 +1,13 @@
 """Synthetic samples (no files): random uint8 images and random captions, for throughput runs
 and tests. Sample `index` is a pure function of the index, so any order or resume sees the
 same data."""
+import io
+
 import numpy as np
 from PIL import Image
 
 from .errors import DataError
-from .samples import Sample
+from .samples import EncodedSample, Sample
 
 
 class SyntheticSource:
@@ -26,3 +28,10 @@ class SyntheticSource:
         words = ("".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9)))
                  for _ in range(rng.integers(3, 12)))
         return Sample(Image.fromarray(pixels), " ".join(words))
+
+    def load_encoded(self, index: int) -> EncodedSample:
+        """The same sample as PNG bytes: lossless, so it decodes to `load`'s pixels."""
+        sample = self.load(index)
+        buf = io.BytesIO()
+        sample.image.save(buf, format="PNG", compress_level=1)
+        return EncodedSample(buf.getvalue(), sample.caption)

@@ -2,6 +2,7 @@
 import itertools
 import queue
 import threading
+from typing import Optional
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
@@ -9,6 +10,7 @@ from torch.utils.data import DataLoader
 
 from .batch import HostBatch
 from .dataset import Collate, TrainDataset
+from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
 from .pinned import pinned_empty
 from .sampler import RankBatchSampler, pieces_per_step, steps_per_epoch
@@ -31,13 +33,16 @@ class TrainData:
     for the next (infcl_ds/train.py does).
     """
 
-    def __init__(self, dataset: TrainDataset, collate: Collate, *, rank: int, world_size: int,
+    def __init__(self, dataset, collate, *, rank: int, world_size: int,
                  local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int,
-                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD):
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, decoder: Optional[ChunkDecoder] = None):
         if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
             raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
                             f"worker_batch {worker_batch}")
         self.dataset, self.collate, self.workers = dataset, collate, workers
+        # With a decoder the batches are EncodedBatch (images as stored, decoded per chunk);
+        # without, HostBatch (decoded uint8 pixels).
+        self.decoder = decoder
         self.mean, self.std = tuple(mean), tuple(std)  # the model's normalisation, applied per chunk
         self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
         self.worker_batch = min(worker_batch, local_batch)
@@ -71,6 +76,12 @@ class TrainData:
             ahead.stop()
 
     def _assemble(self, pieces):
+        if self.decoder is not None:
+            pieces = list(pieces)
+            return EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std), sum(p[4] for p in pieces)
+        return self._assemble_decoded(pieces)
+
+    def _assemble_decoded(self, pieces):
         """Copy one local batch's pieces into host tensors (page-locked when CUDA is available,
         so that HostBatch.chunk's copies overlap compute): one copy of the batch, not two.
         Returns the batch and how many unusable samples were replaced in it."""
@@ -143,15 +154,27 @@ class _AssembledAhead:
         self._taken.release()
 
 
+HOST_BATCHES = ("encoded", "decoded")
+
+
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
                      image_size: int, tokenizer, drop_last: bool = True,
                      mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD) -> TrainData:
     """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
     "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
     workers (default 2), augment (default True), worker_batch (samples per worker task,
-    default 256). Configuration errors raise DataError here."""
+    default 256), host_batch ("encoded", the default, or "decoded"), decode_workers (encoded
+    only: decode processes per rank, default 2). Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
-    return TrainData(TrainDataset(source, transform, seed), Collate(tokenizer), rank=rank,
-                     world_size=world_size, local_batch=local_batch, seed=seed, drop_last=drop_last,
-                     workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256), mean=mean, std=std)
+    host_batch = spec.get("host_batch", "encoded")
+    if host_batch not in HOST_BATCHES:
+        raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
+    if host_batch == "encoded":
+        dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
+        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2))
+    else:
+        dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
+    return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                     drop_last=drop_last, workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256),
+                     mean=mean, std=std, decoder=decoder)

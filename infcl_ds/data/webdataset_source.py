@@ -7,7 +7,7 @@ from typing import List, Sequence, Union
 import braceexpand
 
 from .errors import DataError
-from .samples import Sample, decode_caption, decode_image, parse_label
+from .samples import EncodedSample, Sample, decode_caption, decode_image, parse_label, require_image_bytes
 from .tar_index import IMAGE, LABEL, TEXT, TarIndex
 
 ShardSpec = Union[str, Path, Sequence[Union[str, Path]]]
@@ -61,6 +61,10 @@ class TarSource:
         caption = decode_caption(data[1])  # before the image: a cheaper reason to skip
         label = parse_label(data[2]) if with_label else None
         return Sample(decode_image(data[0]), caption, label)
+
+    def load_encoded(self, index: int) -> EncodedSample:
+        image, text = self.index.read(index, (IMAGE, TEXT))
+        return EncodedSample(require_image_bytes(image), decode_caption(text))
 
     def require_labels(self) -> None:
         """DataError naming the first shard with a sample lacking a .cls/.json member."""

@@ -1,0 +1,222 @@
+"""Local batches held as the shards store them, decoded one chunk at a time in each pass.
+
+A decoded 224 px sample is 150,528 B of uint8 pixels; its JPEG in a LAION-style shard is
+~10-30 KB. Holding a rank's local batches encoded is what lets one node hold batches of
+millions. The price is decoding every sample twice per step, once per pass of the engine, so
+decoding runs in a pool of worker processes ahead of the encoder. The engine asks for
+`chunk(lo, hi)` in a fixed order (every chunk without grad, then every chunk with grad); at the
+first request a batch queues that whole order with the pool, which decodes a few pieces ahead.
+A request out of that order is decoded in the calling process instead: slower, never wrong.
+
+Both passes see bit-identical pixels: decoding and augmentation are the decoded path's own
+(`transform_image`, seeded by the sample's (epoch, index) slot) on the same bytes. An image that
+does not decode is replaced by the next row of its piece that does (image and tokens both), the
+same way in both passes, and counted once.
+"""
+import time
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .batch import normalize
+from .dataset import load_or_replace, transform_image
+from .errors import DataError
+from .samples import SkipSample, decode_image
+
+# Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
+# ready soon, large enough that a task's overhead (pickling its bytes, one result) is amortised.
+DECODE_PIECE_ROWS = 32
+# Decoded pieces in flight per decode worker (DataLoader's prefetch_factor).
+DECODE_PREFETCH = 4
+# Seconds a rank waits for one decoded piece before it gives up with an error naming the rows.
+DECODE_TIMEOUT_S = 600
+# Passes of the engine over each local batch: without grad, then with grad (engine/step.py).
+ENGINE_PASSES = 2
+
+
+# -- worker side: reading (no decoding) ---------------------------------------------------
+class EncodedTrainDataset(Dataset):
+    """(epoch, index) -> (image bytes as uint8, caption, slot index, skipped): the decoded
+    TrainDataset's item with the image left as stored. Unusable captions and missing images
+    are replaced here, by the same rule as the decoded path (dataset.py)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __getitem__(self, item: Tuple[int, int]):
+        epoch, index = item
+        sample, skipped = load_or_replace(self.source.load_encoded, len(self.source), index)
+        return sample.image, sample.caption, index, skipped
+
+
+class EncodedCollate:
+    """Encoded items -> one piece: (bytes uint8 [sum of sizes], sizes int64 [n], texts int64
+    [n, ctx], slot indices int64 [n], skipped count)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: List[tuple]):
+        blobs, captions, indices, skipped = zip(*items)
+        data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
+        sizes = torch.tensor([len(b) for b in blobs], dtype=torch.int64)
+        texts = self.tokenizer(list(captions)).to(torch.int64)
+        return data, sizes, texts, torch.tensor(indices, dtype=torch.int64), sum(skipped)
+
+
+# -- decoding ------------------------------------------------------------------------------
+class DecodePieces(Dataset):
+    """A decode request -> the piece's pixels. Request: (row0, blobs, epoch, slot indices);
+    result: (row0, uint8 [n, 3, H, W], source rows int64 [n] (row r shows row source[r] of the
+    piece, r itself unless its image did not decode), count of rows replaced)."""
+
+    def __init__(self, transform, seed: int):
+        self.transform, self.seed = transform, seed
+
+    def __getitem__(self, request):
+        row0, blobs, epoch, indices = request
+        images: List[Optional[torch.Tensor]] = []
+        for blob, index in zip(blobs, indices):
+            try:
+                images.append(transform_image(self.transform, decode_image(blob), self.seed, epoch, index))
+            except SkipSample:
+                images.append(None)
+        usable = [r for r, image in enumerate(images) if image is not None]
+        if not usable:
+            raise DataError(f"local batch rows {row0}-{row0 + len(blobs) - 1}: no image of these "
+                            f"{len(blobs)} decodes")
+        source = [r if images[r] is not None else _next_usable(usable, r) for r in range(len(images))]
+        pixels = torch.stack([images[s] for s in source])
+        return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
+
+
+def _next_usable(usable: Sequence[int], row: int) -> int:
+    """The first usable row after `row`, wrapping around the piece."""
+    later = [u for u in usable if u > row]
+    return later[0] if later else usable[0]
+
+
+class _Requests(Sampler):
+    """The decode loader's sampler: whatever request iterator the current batch set."""
+
+    def __init__(self):
+        self.requests: Iterator = iter(())
+
+    def __iter__(self):
+        return self.requests
+
+
+class ChunkDecoder:
+    """A rank's decode pool: `workers` processes (0: decode in the calling process), started at
+    the first batch and kept for the run (DataLoader's persistent workers, which also turn a
+    worker's death or a stall past DECODE_TIMEOUT_S into an error in the rank)."""
+
+    def __init__(self, transform, seed: int, workers: int):
+        self.pieces = DecodePieces(transform, seed)
+        self.workers = workers
+        self._sampler = _Requests()
+        self._loader = None
+        if workers > 0:
+            self._loader = DataLoader(self.pieces, batch_size=None, sampler=self._sampler, num_workers=workers,
+                                      persistent_workers=True, prefetch_factor=DECODE_PREFETCH,
+                                      pin_memory=torch.cuda.is_available(), timeout=DECODE_TIMEOUT_S)
+
+    def stream(self, requests: Iterator) -> Iterator:
+        """Decoded pieces for `requests`, in order, decoded ahead by the pool. Starting a new
+        stream abandons the previous one."""
+        if self._loader is None:
+            return (self.pieces[request] for request in requests)
+        self._sampler.requests = requests
+        return iter(self._loader)
+
+    def decode_now(self, request):
+        return self.pieces[request]
+
+
+class EncodedBatch:
+    """One rank's local batch: encoded image bytes (as the workers' pieces delivered them), int64
+    token ids and each row's slot index; `chunk(lo, hi, device, dtype)` as HostBatch's."""
+
+    def __init__(self, pieces: Sequence[tuple], epoch: int, decoder: ChunkDecoder,
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD):
+        self._blobs = [piece[0] for piece in pieces]
+        sizes = [piece[1] for piece in pieces]
+        self.texts = torch.cat([piece[2] for piece in pieces])
+        self.indices = torch.cat([piece[3] for piece in pieces]).tolist()
+        # Row r's bytes: self._blobs[_piece[r]][_start[r]:_start[r] + _size[r]].
+        self._piece = np.concatenate([np.full(len(s), p, dtype=np.int32) for p, s in enumerate(sizes)])
+        self._size = torch.cat(sizes).numpy()
+        self._start = np.concatenate([(s.cumsum(0) - s).numpy() for s in sizes])
+        self.epoch, self.decoder = epoch, decoder
+        self.mean, self.std = tuple(mean), tuple(std)
+        self._plan: Optional[List[Tuple[int, int]]] = None  # the pieces the stream will deliver, in order
+        self._stream: Optional[Iterator] = None
+        self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
+        self.decode_skipped = 0       # images replaced because they did not decode (counted once)
+        self._counted = set()
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes this batch holds: encoded images, tokens and the row tables."""
+        return (sum(b.numel() for b in self._blobs) + self.texts.numel() * self.texts.element_size()
+                + 8 * len(self.indices) + self._piece.nbytes + self._size.nbytes + self._start.nbytes)
+
+    def blob(self, row: int) -> bytes:
+        start = int(self._start[row])
+        return self._blobs[self._piece[row]][start:start + int(self._size[row])].numpy().tobytes()
+
+    def _request(self, lo: int, hi: int):
+        return lo, [self.blob(r) for r in range(lo, hi)], self.epoch, self.indices[lo:hi]
+
+    def _start_stream(self, chunk_rows: int) -> None:
+        """Queue every piece of the engine's order of requests: each pass, every chunk of
+        `chunk_rows` rows in order, each chunk cut into pieces of DECODE_PIECE_ROWS."""
+        n = len(self)
+        pieces = [(p, min(p + DECODE_PIECE_ROWS, hi))
+                  for lo in range(0, n, chunk_rows) for hi in [min(lo + chunk_rows, n)]
+                  for p in range(lo, hi, DECODE_PIECE_ROWS)]
+        self._plan = pieces * ENGINE_PASSES
+        self._stream = self.decoder.stream(self._request(lo, hi) for lo, hi in list(self._plan))
+
+    def _pieces(self, lo: int, hi: int) -> List[tuple]:
+        if self._plan is None:
+            self._start_stream(hi - lo)
+        wanted = [(p, min(p + DECODE_PIECE_ROWS, hi)) for p in range(lo, hi, DECODE_PIECE_ROWS)]
+        if self._plan[:len(wanted)] != wanted:  # not the order queued: decode here, same pixels
+            return [self.decoder.decode_now(self._request(a, b)) for a, b in wanted]
+        del self._plan[:len(wanted)]
+        started = time.perf_counter()
+        try:
+            pieces = [next(self._stream) for _ in wanted]
+        except DataError:  # unusable data, raised in a worker: its own message
+            raise
+        except (RuntimeError, StopIteration) as err:  # a dead or stalled decode worker
+            raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from err
+        self.decode_wait_s += time.perf_counter() - started
+        return pieces
+
+    def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
+        their tokens) replaced; on `device` (default: the host)."""
+        images, rows = [], []
+        for row0, pixels, source, replaced in self._pieces(lo, hi):
+            images.append(pixels if device is None else pixels.to(device, non_blocking=True))
+            rows.append(source + row0)
+            if replaced and row0 not in self._counted:
+                self._counted.add(row0)
+                self.decode_skipped += replaced
+        texts = self.texts[torch.cat(rows)]
+        texts = texts if device is None else texts.to(device, non_blocking=True)
+        return (images[0] if len(images) == 1 else torch.cat(images)), texts
+
+    def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
+        """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts). Each decoded
+        piece is copied as it arrives (page-locked by the pool: the copies overlap compute)."""
+        images, texts = self.decoded(lo, hi, device)
+        return normalize(images, self.mean, self.std, dtype), texts
