@@ -10,10 +10,12 @@ COMMANDS = {
     "plan": ("infcl_ds.plan.cli", "main", "per-GPU and host memory, step time and a verdict for a recipe"),
     "data digits": ("infcl_ds.data.digits", "main", "image-caption shards from scikit-learn's digits (no download)"),
     "data check": ("infcl_ds.data.check", "main", "a recipe's data paths exist (run by the launch scripts first)"),
+    "data photos": ("infcl_ds.data.photos", "main", "JPEG shards of natural-looking images for benchmarks (no download)"),
     "demo": ("infcl_ds.demo", "main", "train-free CPU demo of the loss: exactness and memory against full logits"),
     "bench loss": ("infcl_ds.bench.loss", "main", "benchmark the loss kernels against full logits and inf-cl (GPU)"),
     "bench ring": ("infcl_ds.bench.ring", "main", "benchmark the ring across this host's GPUs against inf-cl and OpenCLIP"),
     "bench train": ("infcl_ds.bench.train", "main", "benchmark engine steps (ViT-B-16) against inf-cl's loss (GPU)"),
+    "bench data": ("infcl_ds.bench.data", "main", "decode throughput of encoded host batches, beside what recipes need"),
 }
 
 

@@ -180,7 +180,38 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     return GpuMemory(components, {ENCODER_PASS: encoder, REDUCTION: reduction, LOSS: loss})
 
 
-INPUTS, OFFLOADED, PROCESSES = "input batches", "offloaded features + gradients", "process reserve"
+INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "pieces being decoded", "offloaded features + gradients",
+                                          "process reserve")
+
+
+# Encoded host batches (data/encoded.py). A stored image's size when neither the recipe
+# (data.image_bytes) nor readable shards tell: JPEG at quality 90, shorter side 256-384 px, as
+# `infcl-ds data photos` writes and LAION-style shards hold (33 KB measured on those shards;
+# LAION-400M at img2dataset's defaults is ~10-30 KB).
+DEFAULT_IMAGE_BYTES = 32 * 1024
+# Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
+ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
+# Per decode process: its own Python heap and decoded pieces in flight beyond the shared pages
+# of the forked rank (a guess until measured; docs/benchmarks/host_memory.json).
+DECODE_WORKER_RESERVE = GIB // 4
+
+
+def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:
+    """One sample of a local batch in the recipe's host form: decoded uint8 pixels and int64
+    tokens, or the stored image bytes, int64 tokens and the row table."""
+    if recipe.data.host_batch == "decoded":
+        return model.host_input_bytes()
+    return image_bytes + 8 * model.context_length + ENCODED_ROW_BYTES
+
+
+def decode_pool_bytes(model, recipe: Recipe) -> int:
+    """Decoded pieces in flight per rank (encoded host batches): DECODE_PREFETCH per decode
+    process, each in the workers' shared memory and again page-locked for the copy."""
+    if recipe.data.host_batch == "decoded":
+        return 0
+    from ..data.encoded import DECODE_PIECE_ROWS, DECODE_PREFETCH
+    pieces = max(recipe.data.decode_workers, 1) * DECODE_PREFETCH
+    return 2 * pieces * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + recipe.data.decode_workers * DECODE_WORKER_RESERVE
 
 
 def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
@@ -190,9 +221,11 @@ def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
     return 2 * local + workers * DATALOADER_PREFETCH_FACTOR * min(worker_batch, local)
 
 
-def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int) -> Dict[str, int]:
-    """Bytes per node: every rank's local batches of uint8 images and int64 tokens (inputs stay
-    on the host, moved to the GPU one chunk at a time), the pinned cached features and their
+def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,
+                image_bytes: int = DEFAULT_IMAGE_BYTES) -> Dict[str, int]:
+    """Bytes per node: every rank's local batches (inputs stay on the host, moved to the GPU
+    one chunk at a time: decoded pixels, or the stored images with data.host_batch=encoded,
+    `image_bytes` each), the pieces being decoded, the pinned cached features and their
     gradients with batch.offload_features (pinned blocks stay cached by torch once freed, so
     both count), and a reserve per rank."""
     ranks = min(world, gpus_per_node)
@@ -200,6 +233,7 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
     elem = DTYPE_BYTES[recipe.precision.dtype]
     offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
     held = input_samples_held(local, recipe.data.workers, recipe.data.worker_batch)
-    return {INPUTS: ranks * held * model.host_input_bytes(),
+    return {INPUTS: ranks * held * sample_host_bytes(model, recipe, image_bytes),
+            DECODING: ranks * decode_pool_bytes(model, recipe),
             OFFLOADED: ranks * offloaded,
             PROCESSES: ranks * HOST_RESERVE_PER_RANK}

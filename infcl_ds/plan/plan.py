@@ -15,6 +15,7 @@ from ..config import Recipe, check_world
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError
+from .inputs import InputRate, image_bytes_per_sample, input_rate
 from .timing import DEFAULT_NETWORK, NETWORKS, KernelRates, StepTime, step_time
 
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
@@ -58,6 +59,9 @@ class Plan:
     time: StepTime
     limits: Tuple[Limit, ...]
     host_memory_assumed: bool = False
+    image_bytes: int = 0                   # stored bytes per image (encoded host batches)
+    image_bytes_source: str = ""
+    inputs: Optional[InputRate] = None     # decoding against the step (encoded host batches)
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
 
@@ -82,7 +86,8 @@ class Plan:
 
     @property
     def step_seconds(self) -> float:
-        return self.time.total
+        """The step: its compute, or the decoding of its inputs where that is slower."""
+        return self.inputs.step_seconds(self.time.total) if self.inputs else self.time.total
 
     @property
     def fits(self) -> bool:
@@ -131,7 +136,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     model = model or estimate_model(recipe.model.name)
     local = recipe.local_batch(gpus)
     gpu = mem.gpu_memory(model, recipe, gpus)
-    host = mem.host_memory(model, recipe, gpus, gpus_per_node)
+    image_bytes, image_bytes_source = image_bytes_per_sample(recipe)
+    host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
     time = step_time(model, local, gpus, recipe.precision.dtype, recipe.model.grad_checkpointing, rates,
                      gpus_per_node, network, encoder_tflops, zero_stage=recipe.zero.stage)
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
@@ -142,7 +148,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
         limits.append(Limit(TIME_LIMIT, time.total, max_step_s, _time_growth(time, max_step_s)))
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
                 gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes, gpu=gpu, host=host,
-                time=time, limits=tuple(limits))
+                time=time, limits=tuple(limits), image_bytes=image_bytes, image_bytes_source=image_bytes_source,
+                inputs=input_rate(recipe, local, time.total) if recipe.data.host_batch == "encoded" else None)
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,

@@ -55,11 +55,24 @@ def _host_line(plan: Plan) -> str:
     pieces = data.workers * mem.DATALOADER_PREFETCH_FACTOR * min(data.worker_batch, plan.local_batch)
     parts = ", ".join(f"{name} {mem.gib(nbytes)}" for name, nbytes in plan.host.items())
     assumed = " (assumed; pass --host-memory)" if plan.host_memory_assumed else ""
-    return (f"host memory per node (GiB): {parts}; total {mem.gib(plan.host_bytes)} of "
-            f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
-            f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "
-            f"{pieces:,} samples prefetched by {data.workers} data workers) x {plan.model.host_input_bytes():,} B "
-            f"per sample")
+    if data.host_batch == "encoded":
+        form = (f"{mem.sample_host_bytes(plan.model, plan.recipe, plan.image_bytes):,} B per sample held encoded "
+                f"(image {plan.image_bytes:,} B, {plan.image_bytes_source}; tokens; row table)")
+    else:
+        form = f"{plan.model.host_input_bytes():,} B per sample held decoded (uint8 pixels, tokens)"
+    lines = (f"host memory per node (GiB): {parts}; total {mem.gib(plan.host_bytes)} of "
+             f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
+             f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "
+             f"{pieces:,} samples prefetched by {data.workers} data workers) x {form}")
+    if plan.inputs is not None:
+        rate = plan.inputs
+        lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank (each sample twice per step), "
+                  f"{rate.available:,.0f} available from {rate.workers} decode processes at the measured "
+                  f"{rate.available / max(rate.workers, 1):,.0f} per process")
+        if rate.binds:
+            lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "
+                      f"{plan.time.total:.0f} s (set data.decode_workers={rate.workers_needed()})")
+    return lines
 
 
 def _time_lines(plan: Plan) -> List[str]:
@@ -72,9 +85,10 @@ def _time_lines(plan: Plan) -> List[str]:
              f"  encoders: {passes:.0f} passes x {m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
              f"{t.encoder_rate / 1e12:.0f} TFLOP/s per GPU: {t.encoder_source}",
              f"  loss: 8 B^2 D / {plan.gpus} GPUs at {describe_rate(t.rate)}"]
-    per_gpu = plan.local_batch / t.total
-    lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} per "
-                 f"node) to keep up; data loading is not modelled")
+    if plan.inputs is None:  # decoded host batches: the data workers decode, at a rate not modelled
+        per_gpu = plan.local_batch / t.total
+        lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} "
+                     f"per node) to keep up; data loading is not modelled")
     if t.hop is not None:
         hop = t.hop
         state = "hidden" if hop.hidden else f"exposed: +{plan.gpus * (hop.time - hop.compute):.1f} s"
@@ -98,7 +112,7 @@ def _limit_lines(plan: Plan) -> List[str]:
         lines.append(f"  {limit.name:<22}{used:>24}   x{limit.growth:.2f}")
     binding = plan.limit(plan.binding)
     share = plan.time.encoders / plan.time.total
-    lines.append(f"binding limit: {binding.name} (x{binding.growth:.2f}); step time {plan.time.total:.0f} s, "
+    lines.append(f"binding limit: {binding.name} (x{binding.growth:.2f}); step time {plan.step_seconds:.0f} s, "
                  f"{share:.0%} of it in the encoders")
     return lines
 

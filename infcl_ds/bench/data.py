@@ -1,0 +1,118 @@
+"""`infcl-ds bench data`: decode + transform throughput of encoded host batches.
+
+An encoded local batch is decoded twice per step (once per engine pass), so a rank needs
+2 x local batch / step time decodes per second. This measures what a pool of decode processes
+delivers on this machine, at 1..N processes, on JPEG shards (`infcl-ds data photos`), through
+the trainer's own path (EncodedBatch.decoded, open_clip's train transform), and writes rows
+beside what each recipe's planned step needs.
+
+    infcl-ds data photos --out data/photos --samples 50000
+    infcl-ds bench data --shards data/photos --workers 1,4,8,14 --samples 8192
+"""
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .common import run_identity, write_rows
+
+DEFAULT_OUT = Path("docs/benchmarks/data.json")
+
+
+def host_rss_gib() -> float:
+    """Resident memory of this process and its children (decode and data workers), GiB."""
+    import psutil
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2 ** 30
+
+
+def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0):
+    from open_clip import get_tokenizer
+
+    from ..data import build_train_data
+    spec = {"source": "webdataset", "train": str(shards), "workers": min(8, os.cpu_count() or 1),
+            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True}
+    data = build_train_data(spec, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
+                            tokenizer=get_tokenizer("ViT-B-32"))
+    return data
+
+
+def time_decode(batch, chunk: int) -> float:
+    """Seconds to decode one pass of `batch` in chunks, as the engine's first pass asks."""
+    started = time.perf_counter()
+    for lo in range(0, len(batch), chunk):
+        batch.decoded(lo, min(lo + chunk, len(batch)))
+    return time.perf_counter() - started
+
+
+def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int, command: str):
+    rows = []
+    for workers in workers_list:
+        data = encoded_batch(shards, samples, image_size, workers)
+        batches = iter(data)
+        warm = next(batches)
+        time_decode(warm, chunk)  # starts the pool; first-call costs stay out of the timing
+        batch = next(batches)
+        seconds = time_decode(batch, chunk)
+        rows.append({"what": "decode", "impl": "pil", "workers": workers, "image_size": image_size,
+                     "samples": len(batch), "samples_per_s": len(batch) / seconds,
+                     "per_worker": len(batch) / seconds / max(workers, 1),
+                     "bytes_per_sample": batch.nbytes / len(batch), "decoded_bytes_per_sample": 3 * image_size ** 2,
+                     "host_rss_gib": host_rss_gib(), "command": command})
+        print(f"decode pil workers={workers:3d}: {rows[-1]['samples_per_s']:8.0f} samples/s "
+              f"({rows[-1]['per_worker']:.0f} per worker), {rows[-1]['bytes_per_sample']:,.0f} B/sample held",
+              flush=True)
+        del batch, warm, batches, data
+    return rows
+
+
+def needed_rows(rate_per_worker: float):
+    """What each recipe's planned step needs from its decoders, per rank."""
+    from ..config import load_recipe
+    from ..plan.plan import make_plan
+    from ..resources import resource
+    rows = []
+    for path in sorted(resource("ds_configs", "recipes").glob("*.yaml")):
+        recipe = load_recipe(path)
+        if recipe.data.source != "webdataset" or "cpu" in path.name:
+            continue
+        gpus = int(path.stem.rsplit("-", 1)[-1].rstrip("gpu"))
+        plan = make_plan(recipe, gpus, 80 * 2 ** 30)
+        need = 2 * recipe.local_batch(gpus) / plan.time.total
+        rows.append({"what": "needed", "recipe": path.name, "gpus": gpus, "model": recipe.model.name,
+                     "local_batch": recipe.local_batch(gpus), "plan_step_s": plan.time.total,
+                     "decodes_per_s_per_rank": need, "workers_per_rank": need / rate_per_worker})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="infcl-ds bench data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", required=True, help="WebDataset shards (a directory, pattern or file)")
+    p.add_argument("--workers", default="1,4,8", help="decode processes, comma-separated")
+    p.add_argument("--samples", type=int, default=4096, help="samples per timed batch")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    command = "infcl-ds bench data " + " ".join(argv if argv is not None else [])
+    identity = {**run_identity(), "cpus": os.cpu_count()}
+    rows = decode_rows(args.shards, [int(w) for w in args.workers.split(",")], args.samples, args.image_size,
+                       args.chunk, command)
+    best = max(rows, key=lambda r: r["samples_per_s"])
+    rows += needed_rows(best["per_worker"])
+    for row in rows:
+        row.update(identity)
+    write_rows(args.out, rows, identity)
+    from .plot_data import plot_data
+    plot_data(args.out, args.out.with_suffix(".png"))
+    return rows

@@ -1,0 +1,63 @@
+"""Plots of the input-pipeline benchmarks: decode throughput and host memory."""
+import json
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_data(json_path: Path, png_path: Path) -> None:
+    """Decoded samples/s against decode processes, with each recipe's need per rank."""
+    plt = _pyplot()
+    data = json.loads(Path(json_path).read_text())
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for impl, marker in (("pil", "-o"), ("nvjpeg", "-s")):
+        pts = sorted((r for r in rows if r["what"] == "decode" and r["impl"] == impl), key=lambda r: r["workers"])
+        if pts:
+            ax.plot([r["workers"] for r in pts], [r["samples_per_s"] for r in pts], marker,
+                    label=f"{impl}: decode + open_clip train transform")
+    for r in (r for r in rows if r["what"] == "needed"):
+        ax.axhline(r["decodes_per_s_per_rank"], ls=":", lw=1, color="gray")
+        ax.annotate(f"{r['recipe']} needs", (0, r["decodes_per_s_per_rank"]), fontsize=7, va="bottom")
+    ax.set_xlabel("decode processes per rank")
+    ax.set_ylabel("samples / s")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    meta = data["meta"]
+    ax.set_title(f"decode throughput, {meta.get('device', '')} host ({meta.get('cpus', '?')} CPUs), "
+                 f"commit {meta.get('commit', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+def plot_host_memory(json_path: Path, png_path: Path) -> None:
+    """Host memory and step time of a real run per host form, measured beside planned."""
+    plt = _pyplot()
+    data = json.loads(Path(json_path).read_text())
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [f"{r['host_batch']}\n{r['model']} B={r['B']:,}" for r in rows]
+    x = range(len(rows))
+    axes[0].bar([i - 0.2 for i in x], [r.get("peak_rss_gib") or 0 for r in rows], 0.4, label="measured peak RSS")
+    axes[0].bar([i + 0.2 for i in x], [r.get("plan_host_gib") or 0 for r in rows], 0.4, label="planned")
+    axes[0].axhline(rows[0]["host_gib"], color="red", ls=":", label="host memory")
+    axes[0].set_ylabel("GiB")
+    axes[0].set_title("host memory")
+    axes[1].bar([i - 0.2 for i in x], [r.get("step_s") or 0 for r in rows], 0.4, label="measured step")
+    axes[1].bar([i + 0.2 for i in x], [r.get("plan_step_s") or 0 for r in rows], 0.4, label="planned step")
+    axes[1].set_ylabel("s")
+    axes[1].set_title("step time")
+    for ax in axes:
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.legend(fontsize=8)
+    meta = data["meta"]
+    fig.suptitle(f"host batches on {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,183 @@
+"""Encoded host batches (data/encoded.py): the shards' bytes held, decoded per chunk in each pass.
+
+Checked: the pixels equal the decoded host batch's with augmentation on, with and without decode
+processes, and a chunk decoded twice is bit-identical; undecodable images are replaced the same
+way in both passes and counted once; a dead decode worker is an error, not a hang; through the
+engine on 2 gloo ranks both host forms give equal gradients, with the replay check on.
+"""
+import io
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+
+from dist_utils import run_ranks
+from infcl_ds.data import DataError, build_train_data
+from infcl_ds.data.encoded import DECODE_PIECE_ROWS, EncodedBatch
+
+IMAGE_SIZE, SAMPLES = 24, 40
+
+
+def photo_jpeg(i: int, rng) -> bytes:
+    """A JPEG of a random crop of one of scikit-learn's two photographs (natural statistics)."""
+    from sklearn.datasets import load_sample_images
+    photos = load_sample_images().images
+    photo = photos[i % len(photos)]
+    h, w = rng.integers(30, 60, 2)
+    y, x = rng.integers(0, photo.shape[0] - h), rng.integers(0, photo.shape[1] - w)
+    buf = io.BytesIO()
+    Image.fromarray(photo[y:y + h, x:x + w]).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def write_shard(path, corrupt=()):
+    rng = np.random.default_rng(0)
+    with wds.TarWriter(str(path)) as sink:
+        for i in range(SAMPLES):
+            image = photo_jpeg(i, rng)
+            if i in corrupt:
+                image = image[:len(image) // 3] if i % 2 else b"\xff\xd8 not a jpeg"
+            sink.write({"__key__": f"{i:09d}", "jpg": image, "txt": f"photo number {i}"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    return write_shard(tmp_path_factory.mktemp("photos") / "shard-000000.tar")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from open_clip import get_tokenizer
+    return get_tokenizer("ViT-B-32")
+
+
+def first_batch(shard, tokenizer, host_batch, *, decode_workers=0, local_batch=SAMPLES, rank=0, world_size=1,
+                augment=True):
+    spec = {"source": "webdataset", "train": str(shard), "augment": augment, "workers": 0,
+            "host_batch": host_batch, "decode_workers": decode_workers}
+    data = build_train_data(spec, rank=rank, world_size=world_size, local_batch=local_batch, seed=7,
+                            image_size=IMAGE_SIZE, tokenizer=tokenizer)
+    return next(iter(data))
+
+
+def both_passes(batch, chunk):
+    """Chunks as the engine asks for them: every chunk, twice over."""
+    cpu = torch.device("cpu")
+    return [[batch.chunk(lo, min(lo + chunk, len(batch)), cpu) for lo in range(0, len(batch), chunk)]
+            for _ in range(2)]
+
+
+@pytest.mark.parametrize("decode_workers", [0, 2])
+def test_encoded_pixels_equal_decoded_and_both_passes_agree(shard, tokenizer, decode_workers):
+    decoded = first_batch(shard, tokenizer, "decoded")
+    encoded = first_batch(shard, tokenizer, "encoded", decode_workers=decode_workers)
+    assert isinstance(encoded, EncodedBatch)
+    first, second = both_passes(encoded, chunk=DECODE_PIECE_ROWS + 3)  # chunks of 1-2 pieces
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    images = torch.cat([im for im, _ in first])
+    texts = torch.cat([tx for _, tx in first])
+    want_images, want_texts = decoded.chunk(0, len(decoded), torch.device("cpu"))
+    assert torch.equal(images, want_images) and torch.equal(texts, want_texts)
+    # ... and the augmentation is on: the crops differ from the unaugmented pipeline's.
+    unaugmented = first_batch(shard, tokenizer, "encoded", augment=False)
+    assert not torch.equal(encoded.decoded(0, 8)[0], unaugmented.decoded(0, 8)[0])
+    # Stored bytes per sample: a fraction of the decoded pixels (3 x 24 x 24 here).
+    assert encoded.nbytes < decoded.images.numel() + decoded.texts.numel() * 8
+
+
+def test_out_of_order_chunks_decode_in_process_to_the_same_pixels(shard, tokenizer):
+    batch = first_batch(shard, tokenizer, "encoded", decode_workers=2)
+    want = batch.chunk(0, 16, torch.device("cpu"))
+    again = batch.chunk(8, 24, torch.device("cpu"))  # not the queued order
+    assert torch.equal(want[0][8:], again[0][:8])
+
+
+def test_undecodable_images_are_replaced_alike_in_both_passes(tmp_path, tokenizer):
+    corrupt = (3, 4, 35)  # a truncated JPEG, garbage bytes, and one in the last piece
+    bad = write_shard(tmp_path / "bad.tar", corrupt=corrupt)
+    clean = first_batch(write_shard(tmp_path / "clean.tar"), tokenizer, "decoded")
+    batch = first_batch(bad, tokenizer, "encoded", decode_workers=2)
+    first, second = both_passes(batch, chunk=10)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    assert batch.decode_skipped == len(corrupt)  # counted once, not once per pass
+    images = torch.cat([im for im, _ in first])
+    texts = torch.cat([tx for _, tx in first])
+    want_images, want_texts = clean.chunk(0, SAMPLES, torch.device("cpu"))
+    bad_rows = {row for row, index in enumerate(batch.indices) if index in corrupt}  # rows are shuffled
+    for row in range(SAMPLES):
+        # A replaced row shows the next decodable row of its piece (here, its chunk of 10),
+        # image and caption together.
+        piece = range(row - row % 10, row - row % 10 + 10)
+        source = row if row not in bad_rows else next(r for r in [*piece[piece.index(row):], *piece]
+                                                      if r not in bad_rows)
+        assert torch.equal(images[row], want_images[source]) and torch.equal(texts[row], want_texts[source])
+
+
+def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):
+    bad = write_shard(tmp_path / "bad.tar", corrupt=range(SAMPLES))
+    batch = first_batch(bad, tokenizer, "encoded", decode_workers=2)
+    with pytest.raises(DataError, match="no image of these"):
+        batch.chunk(0, DECODE_PIECE_ROWS, torch.device("cpu"))
+
+
+def test_a_dead_decode_worker_is_an_error_not_a_hang(shard, tokenizer):
+    batch = first_batch(shard, tokenizer, "encoded", decode_workers=2)
+    batch.chunk(0, 8, torch.device("cpu"))  # the pool is running
+    for pid in batch.decoder._loader._iterator._workers:
+        os.kill(pid.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(DataError, match="decoding local batch rows"):
+        for lo in range(8, SAMPLES, 8):
+            batch.chunk(lo, lo + 8, torch.device("cpu"))
+    assert time.monotonic() - started < 30
+
+
+# -------------------------------------------------------------------- through the engine
+
+class PixelModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.visual = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * IMAGE_SIZE ** 2, 16))
+        self.text = torch.nn.Embedding(49408, 16)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(2.3))
+
+    def encode_image(self, x):
+        return self.visual(x)
+
+    def encode_text(self, t):
+        return self.text(t).mean(1)
+
+
+def _engine_grads(rank, world, shard, host_batch):
+    from deepspeed.utils import safe_get_full_grad
+    from open_clip import get_tokenizer
+
+    from infcl_ds.engine import ContrastiveEngine
+    batch = first_batch(shard, get_tokenizer("ViT-B-32"), host_batch, decode_workers=1,
+                        local_batch=SAMPLES // world, rank=rank, world_size=world)
+    config = {"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+              "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+    model = PixelModel()
+    step = ContrastiveEngine.create(model, config, 6, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                    verify_replay=True)
+    loss = step.backward(batch)
+    return {"loss": loss.item(),
+            "grads": {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}}
+
+
+def test_engine_gradients_equal_for_both_host_forms(shard):
+    decoded = run_ranks(_engine_grads, 2, shard, "decoded")
+    encoded = run_ranks(_engine_grads, 2, shard, "encoded")
+    for rank in range(2):
+        assert encoded[rank]["loss"] == decoded[rank]["loss"]
+        for name, want in decoded[rank]["grads"].items():
+            assert torch.equal(encoded[rank]["grads"][name], want), name
