@@ -135,6 +135,7 @@ class Trainer:
             # An encoded batch finds its undecodable images during the step (data/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
+            host_bytes = batch.nbytes / len(batch)
             # Dropped before the next is asked for: the data thread fills the next batch while
             # this one trains, so a rank holds two local batches, not three.
             del batch
@@ -145,7 +146,7 @@ class Trainer:
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
-                       "decode_wait_s": decode_wait}
+                       "decode_wait_s": decode_wait, "host_bytes_per_sample": host_bytes}
                 logger.log_step(row)
                 self._show(bar, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:

@@ -181,3 +181,18 @@ def test_engine_gradients_equal_for_both_host_forms(shard):
         assert encoded[rank]["loss"] == decoded[rank]["loss"]
         for name, want in decoded[rank]["grads"].items():
             assert torch.equal(encoded[rank]["grads"][name], want), name
+
+
+def test_device_decoding_draws_the_pil_paths_crops(shard, tokenizer):
+    """data.decode=cuda's decoder, run on the CPU here: torchvision's JPEG decoder and torch's
+    bicubic resize, with the crop parameters of the PIL path (so the pixels differ by rounding,
+    not by geometry); undecodable images replaced by the same rule."""
+    from infcl_ds.data.device_decode import DeviceDecoder
+    reference = first_batch(shard, tokenizer, "encoded")
+    batch = first_batch(shard, tokenizer, "encoded")
+    batch.decoder = DeviceDecoder(reference.decoder.pieces.transform, 7, "cpu")
+    want, want_texts = reference.decoded(0, SAMPLES)
+    got, texts = batch.decoded(0, SAMPLES)
+    diff = (got.float() - want.float()).abs()
+    assert torch.equal(texts, want_texts) and got.dtype == torch.uint8
+    assert diff.mean() < 1.0 and diff.max() < 64, (diff.mean(), diff.max())

@@ -14,7 +14,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
 
 from .common import run_identity, write_rows
 
@@ -35,12 +34,13 @@ def host_rss_gib() -> float:
     return total / 2 ** 30
 
 
-def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0):
+def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decode: str = "cpu"):
     from open_clip import get_tokenizer
 
     from ..data import build_train_data
     spec = {"source": "webdataset", "train": str(shards), "workers": min(8, os.cpu_count() or 1),
-            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True}
+            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True,
+            "decode": decode}
     data = build_train_data(spec, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
@@ -73,6 +73,34 @@ def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int,
               flush=True)
         del batch, warm, batches, data
     return rows
+
+
+def device_rows(shards, samples: int, image_size: int, chunk: int, command: str):
+    """nvJPEG on this GPU, and how far its pixels are from the PIL path's (same crops)."""
+    import torch
+    batches = iter(encoded_batch(shards, samples, image_size, 0, decode="cuda"))
+    time_decode(next(batches), chunk)  # warm: the decoder's handles, the resize kernels
+    batch = next(batches)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for lo in range(0, len(batch), chunk):
+        batch.decoded(lo, min(lo + chunk, len(batch)))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    # The same rows through PIL, in this process.
+    reference = next(iter(encoded_batch(shards, samples, image_size, 0)))
+    rows = min(len(batch), 2048)
+    want = reference.decoded(0, rows)[0].float()
+    got = batch.decoded(0, rows)[0].float().cpu()
+    diff = (got - want).abs()
+    row = {"what": "decode", "impl": "nvjpeg", "workers": 0, "image_size": image_size, "samples": len(batch),
+           "samples_per_s": len(batch) / seconds, "per_worker": None, "bytes_per_sample": batch.nbytes / len(batch),
+           "decoded_bytes_per_sample": 3 * image_size ** 2, "host_rss_gib": host_rss_gib(),
+           "mean_abs_diff_vs_pil": diff.mean().item(), "max_abs_diff_vs_pil": diff.max().item(),
+           "share_pixels_equal": (diff == 0).float().mean().item(), "command": command}
+    print(f"decode nvjpeg: {row['samples_per_s']:8.0f} samples/s; pixels vs PIL: mean |diff| "
+          f"{row['mean_abs_diff_vs_pil']:.2f} levels, max {row['max_abs_diff_vs_pil']:.0f}", flush=True)
+    return [row]
 
 
 def needed_rows(rate_per_worker: float):
@@ -108,7 +136,10 @@ def main(argv=None):
     identity = {**run_identity(), "cpus": os.cpu_count()}
     rows = decode_rows(args.shards, [int(w) for w in args.workers.split(",")], args.samples, args.image_size,
                        args.chunk, command)
-    best = max(rows, key=lambda r: r["samples_per_s"])
+    import torch
+    if torch.cuda.is_available():
+        rows += device_rows(args.shards, args.samples, args.image_size, args.chunk, command)
+    best = max((r for r in rows if r["impl"] == "pil"), key=lambda r: r["samples_per_s"])
     rows += needed_rows(best["per_worker"])
     for row in rows:
         row.update(identity)

@@ -41,6 +41,10 @@ class HostBatch:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        return self.images.numel() + self.texts.numel() * self.texts.element_size()
+
     def decoded(self, lo: int, hi: int, device=None):
         """Rows [lo, hi): (uint8 images, int64 texts), as EncodedBatch.decoded."""
         return self.images[lo:hi], self.texts[lo:hi]

@@ -84,19 +84,20 @@ class DecodePieces(Dataset):
                 images.append(transform_image(self.transform, decode_image(blob), self.seed, epoch, index))
             except SkipSample:
                 images.append(None)
-        usable = [r for r, image in enumerate(images) if image is not None]
-        if not usable:
-            raise DataError(f"local batch rows {row0}-{row0 + len(blobs) - 1}: no image of these "
-                            f"{len(blobs)} decodes")
-        source = [r if images[r] is not None else _next_usable(usable, r) for r in range(len(images))]
-        pixels = torch.stack([images[s] for s in source])
-        return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
+        return (row0, *replace_undecodable(row0, images))
 
 
-def _next_usable(usable: Sequence[int], row: int) -> int:
-    """The first usable row after `row`, wrapping around the piece."""
-    later = [u for u in usable if u > row]
-    return later[0] if later else usable[0]
+def replace_undecodable(row0: int, images: Sequence[Optional[torch.Tensor]]):
+    """A piece's images (None: did not decode) -> (stacked images, source rows, count replaced):
+    each None takes the next decodable row of the piece, wrapping around."""
+    usable = [r for r, image in enumerate(images) if image is not None]
+    if not usable:
+        raise DataError(f"local batch rows {row0}-{row0 + len(images) - 1}: no image of these "
+                        f"{len(images)} decodes")
+    source = [r if images[r] is not None else next((u for u in usable if u > r), usable[0])
+              for r in range(len(images))]
+    pixels = torch.stack([images[s] for s in source])
+    return pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
 
 
 class _Requests(Sampler):

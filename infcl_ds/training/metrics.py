@@ -10,7 +10,8 @@ from typing import Dict, Optional
 
 import torch
 
-COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped"]
+COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
+           "decode_wait_s", "host_bytes_per_sample"]
 
 
 def peak_memory_gib(device: torch.device) -> float:

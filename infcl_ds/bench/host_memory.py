@@ -1,0 +1,163 @@
+"""`python -m infcl_ds.bench.host_memory`: a real training run's host memory, GPU memory and step
+time against the planner's, per host form (encoded or decoded local batches).
+
+    python -m infcl_ds.bench.host_memory --recipe R.yaml --steps 2 [--resume] --out docs/benchmarks/host_memory.json
+
+The trainer runs as a child process (`infcl-ds train`, one process); a sampler records the host
+memory the run takes every half second: the machine's memory in use above what it used before
+the start (page cache excluded), and the summed resident memory of the trainer and its data and
+decode workers (which counts pages shared between them more than once). Step time, peak GPU
+memory and the time spent waiting on decoding come from the run's metrics.csv. A host form the
+planner refuses is not run: its row carries the planner's line.
+"""
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .common import run_identity
+
+GIB = 2 ** 30
+
+
+class MemorySampler(threading.Thread):
+    """Peak host memory of a process tree while it runs."""
+
+    def __init__(self, pid: int, period_s: float = 0.5):
+        import psutil
+        super().__init__(daemon=True)
+        self.psutil, self.pid, self.period_s = psutil, pid, period_s
+        self.baseline = self._used()
+        self.peak_used = self.peak_tree_rss = 0
+        self.done = threading.Event()
+
+    def _used(self) -> int:
+        vm = self.psutil.virtual_memory()
+        return vm.total - vm.available
+
+    def _tree_rss(self) -> int:
+        try:
+            root = self.psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except self.psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except self.psutil.Error:
+                pass
+        return total
+
+    def run(self):
+        while not self.done.wait(self.period_s):
+            self.peak_used = max(self.peak_used, self._used() - self.baseline)
+            self.peak_tree_rss = max(self.peak_tree_rss, self._tree_rss())
+
+
+def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path) -> dict:
+    command = [sys.executable, "-m", "infcl_ds.train", "--config", str(recipe), "--set", f"schedule.steps={steps}",
+               "--set", f"data.host_batch={host_batch}", "--set", f"output_dir={run_dir}"]
+    if resume:
+        command += ["--resume", "latest"]
+    started = time.monotonic()
+    with open(log, "a") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        sampler = MemorySampler(proc.pid)
+        sampler.start()
+        code = proc.wait()
+        sampler.done.set()
+        sampler.join()
+    if code != 0:
+        raise SystemExit(f"trainer exited with {code}; see {log}")
+    return {"command": " ".join(command[1:]), "wall_s": time.monotonic() - started,
+            "peak_used_gib": sampler.peak_used / GIB, "peak_tree_rss_gib": sampler.peak_tree_rss / GIB}
+
+
+def step_rows(run_dir: Path) -> list:
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+
+def planned(recipe, host_bytes: int, gpu_bytes: int):
+    from ..plan.plan import make_plan
+    plan = make_plan(recipe, 1, gpu_bytes, 1, host_bytes)
+    return plan, plan.verdict
+
+
+def measured_row(row: dict, run: dict, steps: list) -> dict:
+    timed = [s for s in steps if s["step"] > 1] or steps  # step 1 includes compilation and tuning
+    step_s = sum(s["step_s"] for s in timed) / len(timed)
+    wait = sum(s.get("decode_wait_s", 0.0) for s in timed) / len(timed)
+    return {**row, "status": "measured", "steps": [int(s["step"]) for s in steps],
+            "peak_rss_gib": run["peak_used_gib"], "peak_tree_rss_gib": run["peak_tree_rss_gib"],
+            "bytes_per_sample": steps[0].get("host_bytes_per_sample"),
+            "peak_gpu_gib": max(s["peak_mem_gib"] for s in steps), "step_s": step_s,
+            "decode_wait_s": wait, "decode_wait_share": wait / step_s, "first_step_s": steps[0]["step_s"],
+            "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m infcl_ds.bench.host_memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=2, help="steps to train to")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in the recipe's output_dir from its latest checkpoint to --steps, and "
+                        "add the resumed steps to the encoded row of --out")
+    p.add_argument("--out", type=Path, default=Path("docs/benchmarks/host_memory.json"))
+    args = p.parse_args(argv)
+
+    import psutil
+    import torch
+
+    from ..config import load_recipe
+    recipe = load_recipe(args.recipe)
+    log = args.out.with_suffix(".log")
+    if args.resume:
+        data = json.loads(args.out.read_text())
+        run_dir = Path(f"{recipe.output_dir}-encoded")
+        before = {int(s["step"]) for s in step_rows(run_dir)}
+        run = run_trainer(args.recipe, args.steps, True, log, "encoded", run_dir)
+        resumed = [s for s in step_rows(run_dir) if int(s["step"]) not in before]
+        row = next(r for r in data["rows"] if r["host_batch"] == "encoded")
+        row["resume"] = measured_row({}, run, resumed)
+        row["resume"]["first_step_after_resume"] = int(resumed[0]["step"])
+        row["peak_rss_gib"] = max(row["peak_rss_gib"], run["peak_used_gib"])
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        print(json.dumps(row["resume"], indent=1), flush=True)
+        return data["rows"]
+
+    host_bytes = psutil.virtual_memory().total
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * GIB
+    identity = run_identity()
+    rows = []
+    for host_batch in ("encoded", "decoded"):
+        form = load_recipe(args.recipe, overrides=[f"data.host_batch={host_batch}"])
+        plan, line = planned(form, host_bytes, gpu_bytes)
+        row = {"host_batch": host_batch, "model": form.model.name, "B": form.batch.global_size, "world": 1,
+               "host_gib": host_bytes / GIB, "plan_host_gib": plan.host_bytes / GIB,
+               "plan_gpu_gib": plan.peak_gpu_bytes / GIB, "plan_step_s": plan.step_seconds,
+               "plan_compute_step_s": plan.time.total, "bytes_per_sample": None, "plan_line": line, **identity}
+        if not plan.fits:
+            rows.append({**row, "status": "refused by the planner", "command": f"infcl-ds plan --config "
+                         f"{args.recipe} --gpus 1 --set data.host_batch={host_batch}"})
+            print(f"{host_batch}: {line}", flush=True)
+            continue
+        run_dir = Path(f"{recipe.output_dir}-{host_batch}")
+        run = run_trainer(args.recipe, args.steps, False, log, host_batch, run_dir)
+        rows.append(measured_row(row, run, step_rows(run_dir)))
+        print(json.dumps(rows[-1], indent=1), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": identity, "rows": rows}, indent=1) + "\n")
+    from .plot_data import plot_host_memory
+    plot_host_memory(args.out, args.out.with_suffix(".png"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
