@@ -34,13 +34,12 @@ def host_rss_gib() -> float:
     return total / 2 ** 30
 
 
-def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decode: str = "cpu"):
+def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0):
     from open_clip import get_tokenizer
 
     from ..data import build_train_data
     spec = {"source": "webdataset", "train": str(shards), "workers": min(8, os.cpu_count() or 1),
-            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True,
-            "decode": decode}
+            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True}
     data = build_train_data(spec, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
@@ -78,7 +77,10 @@ def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int,
 def device_rows(shards, samples: int, image_size: int, chunk: int, command: str):
     """nvJPEG on this GPU, and how far its pixels are from the PIL path's (same crops)."""
     import torch
-    batches = iter(encoded_batch(shards, samples, image_size, 0, decode="cuda"))
+    from ..data.device_decode import DeviceDecoder
+    data = encoded_batch(shards, samples, image_size, 0)
+    data.decoder = DeviceDecoder(data.decoder.pieces.transform, data.seed, torch.device("cuda"))
+    batches = iter(data)
     time_decode(next(batches), chunk)  # warm: the decoder's handles, the resize kernels
     batch = next(batches)
     torch.cuda.synchronize()

@@ -39,8 +39,7 @@ class DataSection:
     worker_batch: int = 256                      # samples per worker task (the pieces of a local batch)
     augment: bool = True
     host_batch: str = "encoded"                  # encoded: images held as stored, decoded per chunk | decoded
-    decode: str = "cpu"                          # encoded: cpu (PIL, open_clip's exact pixels) | cuda (nvJPEG)
-    decode_workers: int = 2                      # encoded, cpu: decode processes per rank (0: in the training process)
+    decode_workers: int = 2                      # encoded: decode processes per rank (0: in the training process)
     image_bytes: Optional[int] = None            # encoded: mean stored bytes per image, for the planner
                                                  # (default: measured from the shards where readable)
 
@@ -125,7 +124,6 @@ class Recipe:
 # YAML spells the global batch `global` (a Python keyword, hence the field's name).
 _YAML_ALIASES = {"global": "global_size"}
 _CHOICES = {("data", "source"): ("webdataset", "csv", "synthetic"), ("data", "host_batch"): ("encoded", "decoded"),
-            ("data", "decode"): ("cpu", "cuda"),
             ("precision", "dtype"): ("bf16", "fp32"),
             ("zero", "stage"): (0, 1, 2, 3)}
 

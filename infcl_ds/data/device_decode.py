@@ -1,14 +1,19 @@
 """Decoding encoded host batches on the GPU: nvJPEG through `torchvision.io.decode_jpeg`, then
-open_clip's crop and resize on the device (`data.decode: cuda`).
+open_clip's crop and resize on the device. Measured by `infcl-ds bench data`; not a trainer
+option yet.
 
 CPU decode processes (data/encoded.py) reproduce open_clip's PIL pipeline exactly, but a step
 decodes every sample twice, and a fast encoder can outrun the host's cores. Here the JPEG is
-decoded by the GPU's decoder and cropped and resized there, with the crop drawn exactly as the
-PIL path draws it (the same RandomResizedCrop parameters from the same per-slot seed). The
-pixels are not PIL's: another IDCT and chroma upsampling, and torch's bicubic resize instead of
-PIL's; `infcl-ds bench data` reports the mean absolute difference in uint8 levels. Images that
-are not JPEG (PNG, WebP) and JPEGs nvJPEG refuses are decoded by PIL on the host, then cropped
-on the device the same way; an image neither can decode is replaced as in data/encoded.py.
+decoded by the GPU and cropped and resized there, with the crop drawn exactly as the PIL path
+draws it (the same RandomResizedCrop parameters from the same per-slot seed). The pixels cannot
+be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic resize): on the CPU
+(torchvision's libjpeg decoder, tests/test_encoded.py) they differ by 0.14 uint8 levels on
+average. On an H200 with torchvision 0.26 the first measurement differed by 74 levels on average
+(docs/benchmarks/data.json) at 2,068 samples/s, which is why the trainer does not offer it: the
+decoder's output is now awaited before the crops read it (a race is the first suspect), and
+`bench data` re-measures both figures. Images that are not JPEG (PNG, WebP) and JPEGs the
+decoder refuses are decoded by PIL on the host, then cropped on the device the same way; an
+image neither can decode is replaced as in data/encoded.py.
 """
 from typing import List, Optional
 
@@ -66,6 +71,8 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
         data = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpegs]
         try:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)  # the batched decode's own streams have written
         except RuntimeError:  # one bad JPEG fails the batch: decode them one by one
             decoded = []
             for d in data:
@@ -96,8 +103,7 @@ class DevicePieces:
 
 
 class DeviceDecoder:
-    """ChunkDecoder's interface (data/encoded.py), decoding in the calling process on `device`:
-    the work is queued on the device's stream, so nothing runs ahead on the host."""
+    """ChunkDecoder's interface (data/encoded.py), decoding in the calling process on `device`."""
 
     def __init__(self, transform, seed: int, device):
         self.pieces = DevicePieces(transform, seed, device)

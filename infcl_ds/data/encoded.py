@@ -53,7 +53,7 @@ class EncodedTrainDataset(Dataset):
 
 
 class EncodedCollate:
-    """Encoded items -> one piece: (bytes uint8 [sum of sizes], sizes int64 [n], texts int64
+    """Encoded items -> one piece: (bytes uint8 [sum of sizes], sizes int64 [n], texts int32
     [n, ctx], slot indices int64 [n], skipped count)."""
 
     def __init__(self, tokenizer):
@@ -63,7 +63,9 @@ class EncodedCollate:
         blobs, captions, indices, skipped = zip(*items)
         data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
         sizes = torch.tensor([len(b) for b in blobs], dtype=torch.int64)
-        texts = self.tokenizer(list(captions)).to(torch.int64)
+        # int32 holds any tokenizer's ids and halves their share of the held batch; the engine
+        # gets int64 (chunk()).
+        texts = self.tokenizer(list(captions)).to(torch.int32)
         return data, sizes, texts, torch.tensor(indices, dtype=torch.int64), sum(skipped)
 
 
@@ -138,7 +140,7 @@ class ChunkDecoder:
 
 
 class EncodedBatch:
-    """One rank's local batch: encoded image bytes (as the workers' pieces delivered them), int64
+    """One rank's local batch: encoded image bytes (as the workers' pieces delivered them), int32
     token ids and each row's slot index; `chunk(lo, hi, device, dtype)` as HostBatch's."""
 
     def __init__(self, pieces: Sequence[tuple], epoch: int, decoder: ChunkDecoder,
@@ -212,7 +214,7 @@ class EncodedBatch:
             if replaced and row0 not in self._counted:
                 self._counted.add(row0)
                 self.decode_skipped += replaced
-        texts = self.texts[torch.cat(rows)]
+        texts = self.texts[torch.cat(rows)].to(torch.int64)
         texts = texts if device is None else texts.to(device, non_blocking=True)
         return (images[0] if len(images) == 1 else torch.cat(images)), texts
 

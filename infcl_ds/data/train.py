@@ -155,7 +155,6 @@ class _AssembledAhead:
 
 
 HOST_BATCHES = ("encoded", "decoded")
-DECODERS = ("cpu", "cuda")
 
 
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
@@ -164,9 +163,8 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
     "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
     workers (default 2), augment (default True), worker_batch (samples per worker task,
-    default 256), host_batch ("encoded", the default, or "decoded"); encoded only: decode
-    ("cpu": PIL in decode_workers processes, default 2, exactly open_clip's pixels; "cuda":
-    nvJPEG on the rank's GPU, see device_decode.py). Configuration errors raise DataError here."""
+    default 256), host_batch ("encoded", the default, or "decoded"), decode_workers (encoded
+    only: PIL decode processes per rank, default 2; open_clip's exact pixels). Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     host_batch = spec.get("host_batch", "encoded")
@@ -174,16 +172,7 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
         raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
-        decode = spec.get("decode", "cpu")
-        if decode not in DECODERS:
-            raise DataError(f"data.decode must be one of {DECODERS}, got {decode!r}")
-        if decode == "cuda":
-            if not torch.cuda.is_available():
-                raise DataError("data.decode=cuda needs a CUDA device")
-            from .device_decode import DeviceDecoder
-            decoder = DeviceDecoder(transform, seed, torch.device("cuda", torch.cuda.current_device()))
-        else:
-            decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2))
+        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2))
     else:
         dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
     return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,

@@ -198,10 +198,10 @@ DECODE_WORKER_RESERVE = GIB // 4
 
 def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:
     """One sample of a local batch in the recipe's host form: decoded uint8 pixels and int64
-    tokens, or the stored image bytes, int64 tokens and the row table."""
+    tokens, or the stored image bytes, int32 tokens and the row table."""
     if recipe.data.host_batch == "decoded":
         return model.host_input_bytes()
-    return image_bytes + 8 * model.context_length + ENCODED_ROW_BYTES
+    return image_bytes + 4 * model.context_length + ENCODED_ROW_BYTES
 
 
 def decode_pool_bytes(model, recipe: Recipe) -> int:
