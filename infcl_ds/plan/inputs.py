@@ -11,9 +11,11 @@ from ..config import Recipe
 from .memory import DEFAULT_IMAGE_BYTES
 
 # Decodes + open_clip's train transform (RandomResizedCrop to 224, bicubic) per second per
-# decode process, on JPEG shards of 256-384 px at quality 90 (`infcl-ds data photos`): PIL on
-# one core of the H200 machines' hosts (docs/benchmarks/data.json).
-DECODE_RATE_PER_WORKER = 400.0
+# decode process while a step trains, on JPEG shards of 256-384 px at quality 90 (`infcl-ds data
+# photos`): 14 processes on an H200 machine's 16-core host delivered 2,765/s in a ViT-B-32 step
+# at a 64k batch (a lone process decodes 296/s: the pool shares the cores with the rank's own
+# threads and data workers). docs/benchmarks/data.json, docs/training.md.
+DECODE_RATE_PER_WORKER = 200.0
 # Shards read to measure the stored image size (their headers only: a few ms each).
 SHARDS_SAMPLED = 4
 
