@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from infcl_ds.ops import block_lse
+from infcl_ds.ops import block
 from infcl_ds.ops.block import block_backward, panel_width
 from reference import random_features, rel_err
 
@@ -80,3 +81,25 @@ def test_panel_width_is_bounded_by_memory():
     w = panel_width(1 << 20, 1 << 20, 768, 2)
     assert w % 256 == 0 and 1536 <= w <= 1792
     assert panel_width(10, 7, 768, 2) == 7
+
+
+def test_addmm_capability_is_probed_once_and_a_real_error_propagates(monkeypatch):
+    """The fp32-accumulating addmm is chosen by a cached probe on 2 x 2 tensors; an error of a
+    production call (here a simulated out-of-memory) reaches the caller and changes nothing."""
+    block.addmm_takes_out_dtype.cache_clear()
+    first = block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32)
+    assert block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32) is first
+    assert block.addmm_takes_out_dtype.cache_info().misses == 1
+    out, x, y = torch.zeros(3, 4), torch.ones(3, 5, dtype=torch.bfloat16), torch.ones(5, 4, dtype=torch.bfloat16)
+    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: True)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "addmm", out_of_memory)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            block.gemm_into(out, x, y, 1.0, accumulate=False)
+    assert block.addmm_takes_out_dtype.cache_info().misses == 1
+    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: False)
+    block.gemm_into(out, x, y, 2.0, accumulate=False)  # the fp32-temporary path
+    assert torch.equal(out, torch.full((3, 4), 10.0))
