@@ -72,7 +72,7 @@ class PrecisionSection:
 @dataclass
 class ZeroSection:
     stage: int = 2
-    base_config: Optional[str] = None            # default: ds_configs/zero{stage}.json
+    base_config: Optional[str] = None            # default: infcl_ds/ds_configs/zero{stage}.json
     overrides: Dict[str, Any] = field(default_factory=dict)  # merged into the DeepSpeed config last
 
 
