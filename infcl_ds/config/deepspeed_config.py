@@ -30,9 +30,16 @@ def base_config(recipe: Recipe) -> Dict[str, Any]:
             raise RecipeError(f"recipe: zero.base_config {path} does not exist")
     else:
         path = package_file("ds_configs", f"zero{recipe.zero.stage}.json")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        where = f" line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise RecipeError(f"recipe: zero.base_config {path}{where} is not a JSON DeepSpeed config") from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"recipe: zero.base_config {path} is not a JSON object")
     config.pop("_comment", None)
-    stage = config.get("zero_optimization", {}).get("stage", 0)
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else zero
     if stage != recipe.zero.stage:
         raise RecipeError(f"recipe: zero.stage={recipe.zero.stage} but {path} sets zero_optimization.stage={stage}")
     return config
