@@ -9,11 +9,10 @@ parsed as YAML. Every problem is a one-line RecipeError naming the key, or the f
 """
 import difflib
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
-from typing_extensions import Annotated
 
 
 class RecipeError(ValueError):
