@@ -73,7 +73,7 @@ def test_g_tile_is_capped_whatever_the_batch():
         rows = panel_rows(n_a, width, 2)
         assert 1 <= rows <= n_a and (rows == n_a or rows % 256 == 0)
         assert rows * width * 2 <= max(PANEL_MAX_BYTES, 256 * width * 2)
-    assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: one slice, as before the cap
+    assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: all rows in one slice
 
 
 def test_panel_width_is_bounded_by_memory():

@@ -17,7 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 def test_wheel_installed_with_target_plans_from_another_directory(tmp_path):
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "target", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+    # From a clean copy: a build in the checkout would leave build/lib behind, whose stale
+    # files a later wheel would carry.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "data",
+                                                                 "*.egg-info", "__pycache__", ".pytest_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(wheels)], check=True, cwd=tmp_path, timeout=300)
     (wheel,) = wheels.glob("infcl_ds-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],

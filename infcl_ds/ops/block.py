@@ -22,7 +22,7 @@ PANEL_SLACK_BYTES = 32 << 20
 # The most one G tile (rows x panel columns) may hold. Beyond it the rows are walked in
 # slices too, so that G stays a constant rather than ~4 D bytes per local sample: at a
 # local batch of 512k x 512 that is 256 MiB instead of 1 GiB. Below ~128k rows (bf16,
-# D = 512) nothing changes: one row slice, as before.
+# D = 512) a G tile holds every row: one row slice.
 PANEL_MAX_BYTES = 256 << 20
 
 
