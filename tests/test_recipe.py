@@ -85,3 +85,12 @@ def test_defaults_and_shipped_recipes_round_trip_through_yaml(tmp_path):
     dumped.write_text(dump_recipe(recipe))
     assert load_recipe(dumped) == recipe
     assert recipe.batch.global_size == 512 and "global: 512" in dumped.read_text()
+
+
+def test_a_section_without_keys_takes_its_defaults(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\nbatch:\n  global: 64\n  chunk: 8\n")
+    loaded = load_recipe(recipe)
+    assert loaded.model == Recipe().model and loaded.batch.global_size == 64
+    assert loaded.data.synthetic_size == 4096  # the default, at least one global batch
+    assert load_recipe(None, ["batch.global=8192"]).data.synthetic_size == 8192

@@ -136,6 +136,15 @@ class Recipe(Section):
     logging: LoggingSection = LoggingSection()
     eval: EvalSection = EvalSection()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, tree):
+        """A section written with no keys (``model:``) is YAML's null: the defaults."""
+        if isinstance(tree, dict):
+            return {key: ({} if value is None and key in cls.model_fields and key != "output_dir" else value)
+                    for key, value in tree.items()}
+        return tree
+
     @model_validator(mode="after")
     def _across_sections(self):
         if self.batch.chunk > self.batch.global_size:
