@@ -17,7 +17,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 LOCAL, STEPS = 5, 2

@@ -202,8 +202,8 @@ _KINDS = {"int_type": "must be an integer", "int_parsing": "must be an integer",
           "float_type": "must be a number", "float_parsing": "must be a number",
           "finite_number": "must be a finite number", "string_type": "must be a string",
           "bool_type": "must be true or false", "bool_parsing": "must be true or false",
-          "dict_type": "must be a mapping", "model_type": "must be a mapping", "model_attributes_type": "must be a mapping",
-          "list_type": "must be a list"}
+          "dict_type": "must be a mapping", "model_type": "must be a mapping",
+          "model_attributes_type": "must be a mapping", "list_type": "must be a list"}
 
 
 def _dotted(loc) -> str:
