@@ -5,6 +5,7 @@ import torch
 from infcl_ds.ops import block_lse
 from infcl_ds.ops import block
 from infcl_ds.ops.block import block_backward, panel_width
+from devices import EXACT
 from reference import random_features, rel_err
 
 
@@ -13,7 +14,7 @@ from reference import random_features, rel_err
 def test_block_lse_non_square(n_a, n_b, D, backend):
     a, b = random_features(n_a, D, torch.float32, n_a), random_features(n_b, D, torch.float32, n_b + 1)
     s = torch.tensor([37.0])
-    row, col = block_lse(a, b, s, backend=backend)
+    row, col = block_lse(a, b, s, backend=backend, **EXACT)
     logits = 37.0 * a.double() @ b.double().T
     assert rel_err(row, torch.logsumexp(logits, 1)) < 1e-6
     assert rel_err(col, torch.logsumexp(logits, 0)) < 1e-6
@@ -36,7 +37,7 @@ def test_block_backward_accumulates(backend, diag):
     grad_a = torch.ones(n_a, D)              # accumulates onto what is there
     grad_b = torch.full((n_b, D), 2.0)       # accumulate_b=True: likewise
     ds = block_backward(a, b, s, r.float(), c.float(), coef, diag=diag, grad_a=grad_a, grad_b=grad_b,
-                        accumulate_b=True, backend=backend, panel=32)
+                        accumulate_b=True, backend=backend, panel=32, **EXACT)
     assert rel_err(grad_a, 1 + coef * G @ b.double()) < 1e-6
     assert rel_err(grad_b, 2 + coef * G.T @ a.double()) < 1e-6
     assert rel_err(ds, (G * (a.double() @ b.double().T)).sum()) < 1e-5
@@ -59,7 +60,7 @@ def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
     grad_a = torch.zeros(n_a, D)
     grad_b = torch.full((n_b, D), 2.0, dtype=b_dtype)
     ds = block_backward(a, b, torch.tensor([9.0]), r.float(), c.float(), coef, diag=diag, grad_a=grad_a,
-                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40)
+                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40, **EXACT)
     want_b = coef * G.T @ a.double() + (2 if accumulate_b else 0)
     assert rel_err(grad_a, coef * G @ b.double()) < 1e-6
     assert rel_err(grad_b, want_b) < (1e-6 if b_dtype == torch.float32 else 4e-3)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from devices import GPU
+from devices import EXACT, GPU
 from dist_utils import run_ranks
 from reference import clip_loss_reference, random_features, rel_err
 
@@ -36,7 +36,7 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         image = image[lo:lo + sizes[pos]].clone().requires_grad_()
         text = text[lo:lo + sizes[pos]].clone().requires_grad_()
         scale = torch.tensor(s, requires_grad=True)
-        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **(tiles or {}))
+        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **EXACT, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad))
     return out
