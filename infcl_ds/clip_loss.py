@@ -10,11 +10,21 @@ DDP's averaging the parameter gradients are those of OpenCLIP's
 multiplied by the world size on their way back (DDP divides by it; with OpenCLIP's gather
 each rank's loss reaches every rank's features), and the logit-scale gradient, already the
 full one on every rank, is left alone. See docs/semantics.md.
+
+In a program that set up torch.distributed itself (OpenCLIP's trainer), the ring runs on
+torch.distributed: DeepSpeed is neither imported nor initialised (parallel/comm.py).
 """
+import warnings
+
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 
 from .loss import _group_size, contrastive_loss
+
+# OpenCLIP's flags whose gradients this loss reproduces (with any others it warns once).
+EQUIVALENT_FLAGS = {"local_loss": True, "gather_with_grad": True}
+_warned_flags = False
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -34,18 +44,36 @@ def scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else _ScaleGrad.apply(x, factor)
 
 
+def _check_scalar_bias(logit_bias) -> None:
+    """A scalar bias adds the same constant to every logit: it cancels in the softmax."""
+    if logit_bias is None:
+        return
+    numel = logit_bias.numel() if isinstance(logit_bias, torch.Tensor) else 1
+    if numel != 1 or not isinstance(logit_bias, (torch.Tensor, int, float)):
+        shape = tuple(logit_bias.shape) if isinstance(logit_bias, torch.Tensor) else type(logit_bias).__name__
+        raise ValueError(f"infcl_ds.ClipLoss: logit_bias must be a scalar (it cancels in the softmax), got {shape}")
+
+
 class ClipLoss(nn.Module):
     """OpenCLIP's ClipLoss interface over infcl_ds's exact tiled loss.
 
-    local_loss, gather_with_grad, cache_labels, rank, use_horovod: accepted for
-    compatibility; the result is the same whichever is set (the loss is always the exact
-    global one). world_size: the data-parallel size whose averaging is compensated; it must
-    match the process group. Horovod is not supported.
+    The constructor's flags are kept as attributes (``local_loss``, ``gather_with_grad``,
+    ``cache_labels``, ``rank``, ``world_size``, ``use_horovod``), as OpenCLIP code and
+    subclasses read them, but the result is the same whichever is set: the loss is always
+    the exact global one. ``world_size`` is the data-parallel size whose averaging is
+    compensated; it must match the process group. Horovod is not supported.
 
-    Gradients are those of open_clip's ClipLoss(local_loss=True, gather_with_grad=True). A
-    run that used open_clip's default (gather_with_grad=False: gathered features carry no
-    gradient) had encoder gradients W times smaller; with AdamW that changes little, with SGD
-    or a gradient-clipping threshold it changes the effective step.
+    Gradients are those of open_clip's ClipLoss(local_loss=True, gather_with_grad=True).
+    With other flags on more than one rank, rank 0 warns once: a run that used open_clip's
+    default (gather_with_grad=False: gathered features carry no gradient) had encoder
+    gradients about W times smaller; with AdamW that changes little, with SGD or a
+    gradient-clipping threshold it changes the effective step.
+
+    ``logit_bias`` (passed by open_clip's trainer when the model config has
+    ``init_logit_bias``): a scalar bias is accepted and has no effect, since adding one
+    constant to every logit leaves each softmax, hence the loss and every gradient,
+    unchanged (the bias itself gets a zero gradient, as in open_clip's ClipLoss). Only
+    SigLIP's loss, not this one, uses it.
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
@@ -53,17 +81,52 @@ class ClipLoss(nn.Module):
         super().__init__()
         if use_horovod:
             raise ValueError("infcl_ds.ClipLoss: use_horovod=True is not supported (torch.distributed only)")
+        self.local_loss = local_loss
+        self.gather_with_grad = gather_with_grad
+        self.cache_labels = cache_labels
+        self.rank = rank
         self.world_size = world_size
+        self.use_horovod = use_horovod
         self.group = group
         self.options = options
+        self._warn_if_flags_differ()
+
+    def _warn_if_flags_differ(self) -> None:
+        global _warned_flags
+        flags = {"local_loss": self.local_loss, "gather_with_grad": self.gather_with_grad}
+        if self.world_size > 1 and self.rank == 0 and flags != EQUIVALENT_FLAGS and not _warned_flags:
+            _warned_flags = True
+            warnings.warn(f"infcl_ds.ClipLoss: gradients are those of open_clip's ClipLoss(local_loss=True, "
+                          f"gather_with_grad=True), not of the flags given ({flags}); with gather_with_grad=False "
+                          f"open_clip's encoder gradients are about {self.world_size}x smaller "
+                          "(see docs/semantics.md)", stacklevel=3)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
-        if logit_bias is not None:
-            raise ValueError("infcl_ds.ClipLoss: logit_bias is a SigLIP term; the CLIP loss takes none")
+        _check_scalar_bias(logit_bias)
         size = _group_size(self.group)
         if size != self.world_size:
             raise ValueError(f"infcl_ds.ClipLoss: world_size={self.world_size} but the process group has {size} ranks")
         image_features = scale_grad(image_features, size)
         text_features = scale_grad(text_features, size)
         loss = contrastive_loss(image_features, text_features, logit_scale, self.group, **self.options)
+        if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
+            loss = loss + 0 * logit_bias.sum()  # its (zero) gradient, as open_clip gives it one
         return {"contrastive_loss": loss} if output_dict else loss
+
+    def get_logits(self, image_features, text_features, logit_scale, logit_bias=None):
+        """OpenCLIP's ``get_logits`` with ``local_loss=True, gather_with_grad=True``: this rank's
+        rows against the gathered columns, (logits_per_image, logits_per_text), each [b, B].
+        For code that inspects logits; it materialises them, which the loss never does."""
+        if _group_size(self.group) > 1:
+            from torch.distributed.nn.functional import all_gather
+            group = self.group if self.group is not None else torch_dist.group.WORLD
+            all_image = torch.cat(all_gather(image_features, group=group))
+            all_text = torch.cat(all_gather(text_features, group=group))
+        else:
+            all_image, all_text = image_features, text_features
+        logits_per_image = logit_scale * image_features @ all_text.T
+        logits_per_text = logit_scale * text_features @ all_image.T
+        if logit_bias is not None:
+            logits_per_image = logits_per_image + logit_bias
+            logits_per_text = logits_per_text + logit_bias
+        return logits_per_image, logits_per_text

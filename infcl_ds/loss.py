@@ -37,8 +37,9 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
         group: process group; None is the default group when torch.distributed is
             initialised. Without one, or with a group of one rank, the single-device loss.
             Over several ranks: the exact loss of the concatenated batch (group order) by a
-            ring over deepspeed.comm; every rank returns it, each rank gets the gradients of
-            its own features, and the logit-scale gradient is the full one on every rank.
+            ring (over deepspeed.comm under DeepSpeed, else torch.distributed); every rank
+            returns it, each rank gets the gradients of its own features, and the
+            logit-scale gradient is the full one on every rank.
         check_finite: reject NaN/Inf inputs with a ValueError (one host sync); False skips it.
         allow_tf32: fp32 inputs use TF32 tensor cores (~1e-3 relative error); False for
             exact fp32 (IEEE) products. No effect on bf16/fp16.

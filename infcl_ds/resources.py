@@ -1,19 +1,19 @@
-"""Files the package reads that live at the repository's top level: the DeepSpeed base configs
-(ds_configs/) and the measured rates (docs/benchmarks/). From a checkout or an editable install
-they are read where they are; a regular `pip install .` copies them to
-PREFIX/share/infcl_ds/ (setup.cfg's data_files), which is the fallback."""
-import sys
-from pathlib import Path
+"""Data files shipped inside the package, read with importlib.resources so that every kind of
+install finds them (a checkout, `pip install`, `--user`, `--target`, a zip):
 
-REPO = Path(__file__).resolve().parents[1]
-INSTALLED = Path(sys.prefix) / "share" / "infcl_ds"
+calibration/  the planner's measured rates and factors, written by
+              `python -m infcl_ds.plan.calibrate --write` from the benchmark JSON in docs/benchmarks/
+ds_configs/   the DeepSpeed base configs a recipe starts from (zero{stage}.json)
+"""
+import json
+from importlib import resources
+from importlib.abc import Traversable
 
 
-def resource(*parts: str) -> Path:
-    """REPO/parts if it exists, else PREFIX/share/infcl_ds/parts (returned even if missing,
-    so that the caller's error names the checkout's path)."""
-    in_repo = REPO.joinpath(*parts)
-    if in_repo.exists():
-        return in_repo
-    installed = INSTALLED.joinpath(*parts)
-    return installed if installed.exists() else in_repo
+def package_file(*parts: str) -> Traversable:
+    """``infcl_ds/<parts>`` wherever the package is installed."""
+    return resources.files("infcl_ds").joinpath(*parts)
+
+
+def read_json(*parts: str) -> dict:
+    return json.loads(package_file(*parts).read_text())

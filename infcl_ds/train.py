@@ -84,11 +84,9 @@ class Trainer:
 
     # -- construction -------------------------------------------------------------------
     def _train_data(self):
-        from dataclasses import asdict
-
         from .data import build_train_data
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
-        return build_train_data(asdict(self.recipe.data), rank=self.rank, world_size=self.world,
+        return build_train_data(self.recipe.data.model_dump(), rank=self.rank, world_size=self.world,
                                 local_batch=self.recipe.local_batch(self.world), seed=self.recipe.model.seed,
                                 image_size=self.info["image_size"], tokenizer=self.tokenizer,
                                 mean=self.info["mean"], std=self.info["std"])

@@ -1,6 +1,30 @@
-"""Test-wide settings. The Triton kernels run on CPU tensors through Triton's interpreter,
-which must be switched on before any kernel is defined (it is read when @triton.jit runs)."""
+"""Test-wide settings. On the CPU (the default) the Triton kernels run on CPU tensors through
+Triton's interpreter, which must be switched on before any kernel is defined (it is read when
+@triton.jit runs), and DeepSpeed uses its CPU accelerator. With INFCL_DS_TEST_DEVICE=cuda
+(`bash tests/run.sh --gpu`, tests/devices.py) neither is set: the kernels are compiled."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if os.environ.get("INFCL_DS_TEST_DEVICE", "cpu") == "cuda":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("INFCL_DS_TEST_DEVICE=cuda runs the compiled kernels: unset TRITON_INTERPRET")
+else:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _kernel_tests_on_the_test_device(request):
+    """Under --gpu the kernel tests' tensors (made by torch factories) live on CUDA."""
+    from devices import GPU
+    if not (GPU and request.module.__name__ in ("test_ops", "test_loss")):
+        yield
+        return
+    import torch
+    torch.set_default_device("cuda")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)

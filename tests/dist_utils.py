@@ -1,4 +1,6 @@
-"""Run a function on N gloo ranks in spawned processes on 127.0.0.1 (DS_ACCELERATOR=cpu)."""
+"""Run a function on N ranks in spawned processes on 127.0.0.1: gloo on the CPU
+(DS_ACCELERATOR=cpu), or NCCL with one GPU per rank under `tests/run.sh --gpu` (devices.py;
+a test needing more ranks than GPUs is skipped)."""
 import io
 import os
 import queue as queue_module
@@ -6,23 +8,32 @@ import time
 import traceback
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.utils._pytree import tree_map
 
+from devices import DIST_BACKEND, GPU, setup_rank
 from infcl_ds.bench.common import free_port
 
 
 def _entry(fn, rank, world, port, args, queue, timeout_s):
-    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if not GPU:
+        os.environ["DS_ACCELERATOR"] = "cpu"
     try:
+        setup_rank(rank)
         import deepspeed
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False,
+        deepspeed.init_distributed(dist_backend=DIST_BACKEND, auto_mpi_discovery=False, verbose=False,
                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                    timeout=timedelta(seconds=timeout_s))
         # Through bytes: tensors sent as shared memory die with the child process.
+        # On the CPU, so that the parent compares CUDA ranks' results with CPU references.
+        result = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x,
+                                              fn(rank, world, *args))
         buf = io.BytesIO()
-        torch.save(fn(rank, world, *args), buf)
+        torch.save(result, buf)
         queue.put((rank, "ok", buf.getvalue()))
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         queue.put((rank, "error", traceback.format_exc()))
@@ -30,6 +41,8 @@ def _entry(fn, rank, world, port, args, queue, timeout_s):
 
 def run_ranks(fn, world, *args, timeout_s=60, wait_s=240, allow_errors=False):
     """Return {rank: result} (or {rank: ("error", traceback)} if allow_errors)."""
+    if GPU and world > torch.cuda.device_count():
+        pytest.skip(f"{world} ranks need {world} GPUs, this machine has {torch.cuda.device_count()}")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()

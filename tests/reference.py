@@ -2,6 +2,8 @@
 import torch
 import torch.nn.functional as F
 
+from devices import DEVICE
+
 
 def full_logits_loss(image, text, scale):
     """The textbook bidirectional CLIP loss over the B x B logits."""
@@ -22,13 +24,14 @@ def clip_loss_reference(image, text, scale):
 
 def rel_err(x, ref) -> float:
     """Norm-wise relative error; absolute where the reference is (numerically) zero."""
-    x, ref = x.detach().double().reshape(-1), ref.detach().double().reshape(-1)
+    x, ref = x.detach().cpu().double().reshape(-1), ref.detach().cpu().double().reshape(-1)
     return ((x - ref).norm() / max(ref.norm().item(), 1e-12)).item()
 
 
 def random_features(n, d, dtype, seed, normalise=True):
+    """The same values on every device (drawn on the CPU), on the test device (devices.py)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
+    x = torch.randn(n, d, generator=g, device="cpu")
     if normalise:
         x = F.normalize(x, dim=1)
-    return x.to(dtype)
+    return x.to(DEVICE, dtype)

@@ -1,10 +1,18 @@
 """infcl_ds.ClipLoss against open_clip's ClipLoss(local_loss=True, gather_with_grad=True) on
 gloo ranks: same parameter gradients after DDP-style averaging, and a loss equal to the mean
-of open_clip's per-rank losses (relative 1e-5, fp32)."""
+of open_clip's per-rank losses (relative 1e-5, fp32); inside an OpenCLIP-style torch.distributed
+program: quiet, fast and without DeepSpeed."""
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 
 from dist_utils import run_ranks
+from infcl_ds.bench.common import free_port
 
 
 def _encoders(seed):
@@ -50,9 +58,93 @@ def test_drop_in_for_open_clip(world):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a, b)
 
 
-def test_rejects_horovod_and_logit_bias():
+def test_rejects_horovod_and_a_non_scalar_logit_bias():
     from infcl_ds import ClipLoss
     with pytest.raises(ValueError, match="horovod"):
         ClipLoss(use_horovod=True)
-    with pytest.raises(ValueError, match="logit_bias"):
-        ClipLoss()(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), logit_bias=torch.tensor(0.0))
+    with pytest.raises(ValueError, match="logit_bias must be a scalar"):
+        ClipLoss()(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), logit_bias=torch.zeros(3))
+
+
+def test_scalar_logit_bias_cancels_like_open_clips():
+    """open_clip adds the bias to every logit; the loss and the features' and scale's
+    gradients do not change, and the bias gets open_clip's (zero) gradient."""
+    from open_clip.loss import ClipLoss as OpenClipLoss
+
+    from infcl_ds import ClipLoss
+    g = torch.Generator().manual_seed(3)
+    feats = [torch.randn(7, 5, generator=g) for _ in range(2)]
+    results = []
+    for loss_fn in (ClipLoss(), OpenClipLoss()):
+        image, text = (f.clone().requires_grad_() for f in feats)
+        scale, bias = torch.tensor(3.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
+        loss = loss_fn(image, text, scale, logit_bias=bias, output_dict=True)["contrastive_loss"]
+        loss.backward()
+        results.append((loss.detach(), image.grad, text.grad, scale.grad, bias.grad))
+    for ours, theirs in zip(*results):  # fp32; the bias's gradient is 0 up to rounding in open_clip's
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours, theirs)
+    assert ClipLoss()(*feats, torch.tensor(3.0), logit_bias=-10.0) == results[0][0]
+
+
+def test_keeps_open_clips_attributes_and_get_logits():
+    from open_clip.loss import ClipLoss as OpenClipLoss
+
+    from infcl_ds import ClipLoss
+    flags = dict(local_loss=True, gather_with_grad=False, cache_labels=True, rank=0, world_size=1, use_horovod=False)
+    ours, theirs = ClipLoss(**flags), OpenClipLoss(**flags)
+    for name in flags:
+        assert getattr(ours, name) == getattr(theirs, name) == flags[name]
+    image, text = torch.randn(4, 6), torch.randn(4, 6)
+    for a, b in zip(ours.get_logits(image, text, 2.0, logit_bias=1.5), theirs.get_logits(image, text, 2.0, 1.5)):
+        assert torch.allclose(a, b)
+
+
+def _flag_warnings(rank, world):
+    import infcl_ds.clip_loss as clip_loss
+    from infcl_ds import ClipLoss
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world)
+        ClipLoss(rank=rank, world_size=world)   # open_clip's defaults: warned once, on rank 0
+        ClipLoss(local_loss=True, rank=rank, world_size=world)
+        clip_loss._warned_flags = False
+        ClipLoss(rank=rank, world_size=1)  # one rank: the flags make no difference
+    return [str(w.message) for w in caught]
+
+
+def test_warns_once_on_rank_0_when_flags_differ():
+    out = _flag_warnings(0, 2)
+    assert len(out) == 1 and "gather_with_grad=True" in out[0] and "'gather_with_grad': False" in out[0], out
+    import infcl_ds.clip_loss as clip_loss
+    clip_loss._warned_flags = False
+    assert _flag_warnings(1, 2) == []
+
+
+PROGRAM = Path(__file__).with_name("openclip_program.py")
+
+
+def test_inside_an_open_clip_style_program(tmp_path):
+    """2 CPU gloo ranks set up by torch.distributed (no DeepSpeed), a model config with
+    init_logit_bias, DDP, two SGD steps: the losses equal open_clip's mean local loss and
+    the weights after the steps open_clip's (fp32, 1e-5); infcl_ds's first call (forward +
+    backward) under 5 s, no warning recorded, nothing on stderr, DeepSpeed never imported.
+    The environment is a user's: no TRITON_INTERPRET (the PyTorch path), no DS_ACCELERATOR."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DS_ACCELERATOR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(PROGRAM.parents[1])] + [p for p in [env.get("PYTHONPATH")] if p])
+    port, world = free_port(), 2
+    procs = [subprocess.Popen([sys.executable, "-W", "default", str(PROGRAM), str(rank), str(world), str(port),
+                               str(tmp_path / f"{rank}.pt")], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {rank}:\n{out}\n{err}"
+        assert out == "" and err == "", f"rank {rank} printed:\n{out}\n{err}"
+        result = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+        ours, theirs = result["ours"], result["theirs"]
+        assert ours["warnings"] == [] and not ours["deepspeed_imported"]
+        assert ours["first_call_s"] < 5.0, ours["first_call_s"]
+        for a, b in zip(ours["losses"], theirs["losses"]):
+            assert abs(a - b) <= 1e-5 * abs(b), (ours["losses"], theirs["losses"])
+        assert ours["params"]["logit_bias"] == theirs["params"]["logit_bias"] == -10.0
+        for name, value in ours["params"].items():
+            assert torch.allclose(value, theirs["params"][name], rtol=1e-5, atol=1e-5), name

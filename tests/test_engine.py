@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
 
@@ -57,9 +58,10 @@ def _engine_run(rank, world, stage, offload):
     local = (images[lo:lo + LOCAL], texts[lo:lo + LOCAL])
     out = {}
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
                                     offload_features=offload)
-    out["loss"] = step.backward(*local).item()
+    out["loss"] = step.forward_backward(*local).item()
     out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
     step.engine.step()
     step._clamp_logit_scale(math.log(100.0))
@@ -67,7 +69,8 @@ def _engine_run(rank, world, stage, offload):
         step.train_step(*local)
     out["sgd"] = _full_params(step)
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, optimizer=torch.optim.AdamW(model.parameters(), lr=0.05))
+    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.AdamW(model.parameters(), lr=0.05))
     for _ in range(3):
         step.train_step(*local)
     out["adamw"] = _full_params(step)
@@ -134,11 +137,12 @@ def _dropout_replay(rank, world, replay):
     model = TinyWithDropout()
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1,
               "gradient_clipping": 0.0, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    step = ContrastiveEngine.create(model, config, CHUNK, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                     verify_replay=True)
     images, texts = batch()
     try:
-        step.backward(images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
+        step.forward_backward(images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
     except RuntimeError as err:
         return str(err)
     return "replayed"

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
 
@@ -51,8 +52,9 @@ def _engine_run(rank, world, stage, output_dict):
     local = (images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
     model = _model()
     model.output_dict = output_dict
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=LR))
-    out = {"loss": step.backward(*local).item()}
+    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    out = {"loss": step.forward_backward(*local).item()}
     out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
     step.engine.step()
     step._clamp_logit_scale(math.log(100.0))

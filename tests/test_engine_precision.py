@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
 
@@ -51,9 +52,10 @@ def _bf16_grad(rank, world, fp32_sum):
     model = Wide()
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    step = ContrastiveEngine.create(model, config, CHUNK, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                     grad_accum_fp32=fp32_sum)
-    step.backward(*inputs())
+    step.forward_backward(*inputs())
     return safe_get_full_grad(step.engine.module.visual.weight).double()
 
 
@@ -93,7 +95,8 @@ def _clamped(rank, world, stage, dtype):
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": dtype == "bf16"}, "zero_optimization": {"stage": stage},
               "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, 8, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    step = ContrastiveEngine.create(model, config, 8, loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
     images, texts = inputs()
     param = step.model.logit_scale
 
@@ -105,7 +108,7 @@ def _clamped(rank, world, stage, dtype):
     for _ in range(2):
         # train_step's parts, to read what the optimizer step wrote back before the clamp:
         # from the second step on, that is the master copy the first clamp must have reached.
-        step.backward(images[:16], texts[:16])
+        step.forward_backward(images[:16], texts[:16])
         step.engine.step()
         written_back = working()
         step._clamp_logit_scale(math.log(100.0))

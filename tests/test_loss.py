@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from infcl_ds import ContrastiveLoss, contrastive_loss
+from devices import EXACT
 from reference import clip_loss_reference, random_features, rel_err
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (1e-4, 1e-2, 1e-3), torch.float16: (1e-4, 1e-2, 1e-3)}
@@ -24,7 +25,7 @@ def check(image, text, scale, tol=None, **kw):
     image = image.clone().requires_grad_()
     text = text.clone().requires_grad_()
     scale = scale.clone().requires_grad_()
-    loss = contrastive_loss(image, text, scale, **kw)
+    loss = contrastive_loss(image, text, scale, **{**EXACT, **kw})
     loss.backward()
     ref_loss, ref_i, ref_t, ref_s = clip_loss_reference(image, text, scale)
     tol_loss, tol_feat, tol_scale = tol or TOL[image.dtype]
@@ -116,8 +117,8 @@ def test_no_overflow_when_all_logits_are_at_the_maximum(backend):
 def test_module_and_plain_float_scale():
     image, text = random_features(37, 80, torch.float32, 7), random_features(37, 80, torch.float32, 8)
     expected = clip_loss_reference(image, text, torch.tensor(20.0))[0]
-    assert abs(ContrastiveLoss()(image, text, torch.tensor(20.0)).item() - expected.item()) < 1e-5
-    assert abs(contrastive_loss(image, text, 20.0).item() - expected.item()) < 1e-5
+    assert abs(ContrastiveLoss(**EXACT)(image, text, torch.tensor(20.0)).item() - expected.item()) < 1e-5
+    assert abs(contrastive_loss(image, text, 20.0, **EXACT).item() - expected.item()) < 1e-5
 
 
 def test_exact_fp32_option_and_scale_without_grad():
@@ -134,7 +135,7 @@ def test_rows_of_very_different_scale(backend):
     # Row norms from 0.05 to 3 at s = 100: logits of one tile span hundreds of units, so
     # the kernels' one-exponential fast path must hand over to per-row/column shifts.
     g = torch.Generator().manual_seed(13)
-    norms = torch.logspace(-1.3, 0.5, 130)[torch.randperm(130, generator=g)]
+    norms = torch.logspace(-1.3, 0.5, 130)[torch.randperm(130, generator=g, device="cpu")]
     image = random_features(130, 80, torch.float32, 14) * norms[:, None]
     text = random_features(130, 80, torch.float32, 15) * norms.flip(0)[:, None]
     check(image, text, torch.tensor(100.0), tol=(1e-5, 1e-4, 1e-4), backend=backend)

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from infcl_ds.ops import block_lse
+from infcl_ds.ops import block
 from infcl_ds.ops.block import block_backward, panel_width
+from devices import EXACT
 from reference import random_features, rel_err
 
 
@@ -12,7 +14,7 @@ from reference import random_features, rel_err
 def test_block_lse_non_square(n_a, n_b, D, backend):
     a, b = random_features(n_a, D, torch.float32, n_a), random_features(n_b, D, torch.float32, n_b + 1)
     s = torch.tensor([37.0])
-    row, col = block_lse(a, b, s, backend=backend)
+    row, col = block_lse(a, b, s, backend=backend, **EXACT)
     logits = 37.0 * a.double() @ b.double().T
     assert rel_err(row, torch.logsumexp(logits, 1)) < 1e-6
     assert rel_err(col, torch.logsumexp(logits, 0)) < 1e-6
@@ -35,7 +37,7 @@ def test_block_backward_accumulates(backend, diag):
     grad_a = torch.ones(n_a, D)              # accumulates onto what is there
     grad_b = torch.full((n_b, D), 2.0)       # accumulate_b=True: likewise
     ds = block_backward(a, b, s, r.float(), c.float(), coef, diag=diag, grad_a=grad_a, grad_b=grad_b,
-                        accumulate_b=True, backend=backend, panel=32)
+                        accumulate_b=True, backend=backend, panel=32, **EXACT)
     assert rel_err(grad_a, 1 + coef * G @ b.double()) < 1e-6
     assert rel_err(grad_b, 2 + coef * G.T @ a.double()) < 1e-6
     assert rel_err(ds, (G * (a.double() @ b.double().T)).sum()) < 1e-5
@@ -58,7 +60,7 @@ def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
     grad_a = torch.zeros(n_a, D)
     grad_b = torch.full((n_b, D), 2.0, dtype=b_dtype)
     ds = block_backward(a, b, torch.tensor([9.0]), r.float(), c.float(), coef, diag=diag, grad_a=grad_a,
-                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40)
+                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40, **EXACT)
     want_b = coef * G.T @ a.double() + (2 if accumulate_b else 0)
     assert rel_err(grad_a, coef * G @ b.double()) < 1e-6
     assert rel_err(grad_b, want_b) < (1e-6 if b_dtype == torch.float32 else 4e-3)
@@ -72,7 +74,7 @@ def test_g_tile_is_capped_whatever_the_batch():
         rows = panel_rows(n_a, width, 2)
         assert 1 <= rows <= n_a and (rows == n_a or rows % 256 == 0)
         assert rows * width * 2 <= max(PANEL_MAX_BYTES, 256 * width * 2)
-    assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: one slice, as before the cap
+    assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: all rows in one slice
 
 
 def test_panel_width_is_bounded_by_memory():
@@ -80,3 +82,25 @@ def test_panel_width_is_bounded_by_memory():
     w = panel_width(1 << 20, 1 << 20, 768, 2)
     assert w % 256 == 0 and 1536 <= w <= 1792
     assert panel_width(10, 7, 768, 2) == 7
+
+
+def test_addmm_capability_is_probed_once_and_a_real_error_propagates(monkeypatch):
+    """The fp32-accumulating addmm is chosen by a cached probe on 2 x 2 tensors; an error of a
+    production call (here a simulated out-of-memory) reaches the caller and changes nothing."""
+    block.addmm_takes_out_dtype.cache_clear()
+    first = block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32)
+    assert block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32) is first
+    assert block.addmm_takes_out_dtype.cache_info().misses == 1
+    out, x, y = torch.zeros(3, 4), torch.ones(3, 5, dtype=torch.bfloat16), torch.ones(5, 4, dtype=torch.bfloat16)
+    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: True)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "addmm", out_of_memory)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            block.gemm_into(out, x, y, 1.0, accumulate=False)
+    assert block.addmm_takes_out_dtype.cache_info().misses == 1
+    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: False)
+    block.gemm_into(out, x, y, 2.0, accumulate=False)  # the fp32-temporary path
+    assert torch.equal(out, torch.full((3, 4), 10.0))

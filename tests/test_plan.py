@@ -36,7 +36,7 @@ def test_parameter_count_matches_open_clip(name):
 
 def test_tiny_components_exact(rates):
     """infcl-tiny (P = 1,615,553, D = 32), bf16, ZeRO-2 on 2 GPUs, local batch 8, chunk 4."""
-    plan = make_plan(tiny(), 2, 80 * GIB, rates=rates)
+    plan = make_plan(tiny("data.host_batch=decoded"), 2, 80 * GIB, rates=rates)
     P = 1_615_553
     # Saved per sample and layer: s * ((8 h + 2 m) * 2 B + LayerNorm stats 16 B + lse 4 a B).
     # Image tower: s = (16/8)^2 + 1 = 5 tokens, h = 32, m = 128, a = 32/16 = 2 heads, 1 layer:
@@ -69,7 +69,8 @@ def test_tiny_components_exact(rates):
     # Host, per node (both ranks on it): (3*16*16 uint8 + 16 int64 tokens) = 896 B per sample x
     # (2 local batches of 8, training + assembled ahead, + 2 workers x 2 prefetched pieces of
     # min(256, 8) samples) = 48 samples, plus the per-rank reserve.
-    assert plan.host == {mem.INPUTS: 2 * 48 * 896, mem.OFFLOADED: 0, mem.PROCESSES: 2 * mem.HOST_RESERVE_PER_RANK}
+    assert plan.host == {mem.INPUTS: 2 * 48 * 896, mem.DECODING: 0, mem.OFFLOADED: 0,
+                         mem.PROCESSES: 2 * mem.HOST_RESERVE_PER_RANK}
     assert plan.fits and plan.verdict.startswith("fits: ")
 
 
@@ -236,24 +237,43 @@ def test_too_large_a_batch_gets_more_gpus(rates):
 
 
 def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
+    decoded = make_plan(load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.host_batch=decoded", "data.workers=6"]),
+                        32, 80 * GIB, rates=rates)
+    assert decoded.fits and decoded.peak_gpu_bytes < 80 * GIB
+    assert decoded.binding == "host memory per node"
+    # Decoded: per node 8 ranks, each holding two local batches of 393,216 samples and 6 workers'
+    # 2 prefetched pieces of 256, at 3 x 224^2 uint8 pixels + 77 int64 tokens = 151,144 bytes a
+    # sample; no offloaded features; 8 GiB per rank for the processes.
+    assert decoded.host[mem.INPUTS] == 8 * (2 * 393_216 + 6 * 2 * 256) * 151_144
+    assert decoded.host_bytes == decoded.host[mem.INPUTS] + 8 * 8 * GIB
+    # Encoded (the recipe): the same samples at the stored image's bytes (assumed: no shards
+    # here) + 77 int32 tokens + the 28-byte row table, and the decode pool's pieces.
     recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml")
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
-    assert plan.fits and plan.peak_gpu_bytes < 80 * GIB
-    assert plan.binding == "host memory per node"
-    assert 100 * GIB < plan.host_bytes < 2048 * GIB
+    assert plan.fits and plan.image_bytes == mem.DEFAULT_IMAGE_BYTES
+    assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
+    assert plan.host[mem.DECODING] == 8 * (2 * 5 * 4 * 32 * 3 * 224 ** 2 + 5 * GIB // 4)
+    assert plan.host_bytes < decoded.host_bytes / 3
     assert plan.step_seconds > 0 and plan.time.hop is not None and plan.time.hop.hidden
     assert main(["--config", str(RECIPES / "vit-l14-12m-32gpu.yaml"), "--gpu-memory", "80GiB"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"peak per GPU: \d+\.\d GiB", out[-1])
     assert out[-2].startswith("fits: ") and out[-2].endswith("of 80 GiB")
-    assert any(line.startswith("binding limit: host memory per node") for line in out)
+    assert any(line.startswith(f"binding limit: {plan.binding}") for line in out)
     assert any(line.startswith("host memory per node (GiB):") for line in out)
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_recipe_loads(path):
+def test_every_recipe_loads_splits_over_its_gpus_and_round_trips(path, tmp_path):
+    """Each shipped recipe splits over the GPU count its name gives (tiny-cpu: 2 ranks) and
+    reads back unchanged from the recipe.yaml a run writes."""
+    from infcl_ds.config import check_world, dump_recipe
     recipe = load_recipe(path)
-    assert recipe.batch.global_size >= 1
+    gpus = int(re.search(r"(\d+)gpu", path.name).group(1)) if "gpu" in path.name else 2
+    check_world(recipe, gpus)
+    assert recipe.local_batch(gpus) * gpus == recipe.batch.global_size
+    (tmp_path / "recipe.yaml").write_text(dump_recipe(recipe))
+    assert load_recipe(tmp_path / "recipe.yaml") == recipe
 
 
 @pytest.mark.parametrize("name", ["vit-b16-1m-8gpu", "vit-l14-256k-8gpu", "vit-l14-4m-8gpu", "vit-l14-12m-32gpu"])
@@ -285,12 +305,13 @@ def test_refuses_host_memory_over_the_node(rates):
     """12M on 32 GPUs holds 2 x 393,216 samples per rank (886 GiB of inputs per node): a node of
     768 GiB is refused, and more GPUs (smaller local batches) fit; data workers add only
     their pieces (256 samples each, x2 prefetched)."""
-    recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", [])
+    recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.host_batch=decoded"])
     plan = make_plan(recipe, 32, 80 * GIB, host_memory_bytes=768 * GIB, rates=rates)
     assert not plan.fits and plan.binding == "host memory per node"
     assert plan.verdict.startswith("does not fit: host memory per node needs")
     assert plan.remedies == ("use 48 GPUs",)
-    more_workers = make_plan(load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.workers=16"]), 32, 80 * GIB,
+    more_workers = make_plan(load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.workers=16", "data.host_batch=decoded"]),
+                             32, 80 * GIB,
                              host_memory_bytes=768 * GIB, rates=rates)
     per_node = 8 * 16 * 2 * 256 * plan.model.host_input_bytes()
     assert more_workers.host[mem.INPUTS] - plan.host[mem.INPUTS] == per_node - 8 * plan.recipe.data.workers * 2 * 256 * plan.model.host_input_bytes()
@@ -339,3 +360,51 @@ def test_planner_within_10_percent_of_recorded_gpu_peaks():
         assert abs(r["pred_allocated_mib"] / r["allocated_mib"] - 1) < 0.10, r
         if r["allocator"] == "expandable_segments":
             assert abs(r["pred_total_mib"] / r["device_mib"] - 1) < 0.10, r
+
+
+def test_encoded_host_memory_from_the_shards_bytes(tmp_path, rates):
+    """With readable shards the planner takes the stored image size from their index: the host
+    figure is the held samples times (mean image member bytes + int32 tokens + row table)."""
+    import io
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    sizes = []
+    with wds.TarWriter(str(tmp_path / "shard-000000.tar")) as sink:
+        for i in range(50):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (int(rng.integers(20, 60)), 40, 3), dtype=np.uint8)).save(
+                buf, format="JPEG", quality=90)
+            sizes.append(len(buf.getvalue()))
+            sink.write({"__key__": f"{i:09d}", "jpg": buf.getvalue(), "txt": f"sample {i}"})
+    recipe = tiny("data.source=webdataset", f"data.train={tmp_path}", "data.decode_workers=3")
+    plan = make_plan(recipe, 2, 80 * GIB, rates=rates)
+    assert plan.image_bytes == int(np.mean(sizes)) and plan.image_bytes_source.startswith("measured on 1 shard")
+    held = mem.input_samples_held(recipe.local_batch(2), recipe.data.workers, recipe.data.worker_batch)
+    context = plan.model.context_length
+    assert plan.host[mem.INPUTS] == 2 * held * (int(np.mean(sizes)) + 4 * context + mem.ENCODED_ROW_BYTES)
+    # data.image_bytes overrides the measurement; decoded batches ignore it.
+    given = make_plan(tiny("data.image_bytes=1000"), 2, 80 * GIB, rates=rates)
+    assert given.image_bytes == 1000 and given.image_bytes_source == "data.image_bytes"
+    decoded = make_plan(tiny("data.host_batch=decoded"), 2, 80 * GIB, rates=rates)
+    assert decoded.host[mem.INPUTS] == 2 * held * plan.model.host_input_bytes() and decoded.inputs is None
+
+
+def test_decoding_rate_binds_the_step(rates, capsys):
+    """2 x local batch / step decodes per second per rank; too few decode processes make the
+    planned step the decoding time, and the report says how many would do."""
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2"])
+    plan = make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates)
+    rate = plan.inputs
+    assert rate.needed == pytest.approx(2 * 524_288 / plan.time.total) and rate.binds
+    assert plan.step_seconds == pytest.approx(plan.time.total * rate.needed / rate.available)
+    assert main(["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--gpus", "1", "--gpu-memory", "139GiB",
+                 "--host-memory", "128GiB", "--set", "data.decode_workers=2"]) == 0
+    out = capsys.readouterr().out
+    assert f"set data.decode_workers={rate.workers_needed()}" in out
+    # Decoded host batches of 524,288 need more than the 128 GiB host: refused.
+    decoded = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.host_batch=decoded"]), 1, 139 * GIB, 1,
+                        128 * GIB, rates=rates)
+    assert not decoded.fits and decoded.verdict.startswith("does not fit: host memory per node needs")

@@ -1,31 +1,57 @@
-"""Top-level files the package reads (ds_configs/, docs/benchmarks/) are found from a checkout
-and, after a regular `pip install .`, from PREFIX/share/infcl_ds (setup.cfg's data_files)."""
+"""Package data (infcl_ds/calibration, infcl_ds/ds_configs) is found however the package is
+installed: the built wheel, installed with `pip install --target`, plans a recipe from another
+directory; and the shipped calibration is what `plan.calibrate --write` makes of the benchmarks."""
+import json
+import os
+import shutil
+import site
 import subprocess
 import sys
-import zipfile
+from pathlib import Path
 
-from infcl_ds import resources
+from infcl_ds.plan import calibrate
 
-
-def test_checkout_first_then_installed_copy(tmp_path, monkeypatch):
-    repo, installed = tmp_path / "repo", tmp_path / "share"
-    (installed / "ds_configs").mkdir(parents=True)
-    (installed / "ds_configs" / "zero2.json").write_text("{}")
-    monkeypatch.setattr(resources, "REPO", repo)
-    monkeypatch.setattr(resources, "INSTALLED", installed)
-    assert resources.resource("ds_configs", "zero2.json") == installed / "ds_configs" / "zero2.json"
-    (repo / "ds_configs").mkdir(parents=True)
-    (repo / "ds_configs" / "zero2.json").write_text("{}")
-    assert resources.resource("ds_configs", "zero2.json") == repo / "ds_configs" / "zero2.json"
-    # Neither: the checkout's path, so that the caller's error names where it looked first.
-    assert resources.resource("docs", "x.json") == repo / "docs" / "x.json"
+REPO = Path(__file__).resolve().parents[1]
 
 
-def test_wheel_carries_what_the_package_reads(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    str(resources.REPO), "-w", str(tmp_path)], check=True, cwd=tmp_path, timeout=300)
-    (wheel,) = tmp_path.glob("infcl_ds-*.whl")
-    names = {n.split("/data/share/infcl_ds/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/data/share/" in n}
-    wanted = {f"ds_configs/zero{stage}.json" for stage in range(4)}
-    wanted |= {f"docs/benchmarks/{name}.json" for name in ("loss", "train", "planner_check")}
-    assert wanted <= names
+def test_wheel_installed_with_target_plans_from_another_directory(tmp_path):
+    wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "target", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # From a clean copy: a build in the checkout would leave build/lib behind, whose stale
+    # files a later wheel would carry.
+    source = tmp_path / "source"
+    anywhere = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__", ".pytest_cache")
+
+    def ignore(folder, names):  # build outputs and run data at the top only (infcl_ds/data is code)
+        top = {"build", "dist", "runs", "data", ".whl"} if Path(folder) == REPO else set()
+        return set(anywhere(folder, names)) | (top & set(names))
+
+    shutil.copytree(REPO, source, ignore=ignore)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
+                    "-w", str(wheels)], check=True, cwd=tmp_path, timeout=300)
+    (wheel,) = wheels.glob("infcl_ds-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, cwd=tmp_path, timeout=300)
+    recipe = elsewhere / "recipe.yaml"
+    shutil.copy(REPO / "ds_configs" / "recipes" / "vit-b16-1m-8gpu.yaml", recipe)
+    # -S: no site-packages, so neither the checkout nor an editable install can answer; the
+    # dependencies come from this environment's site-packages, after the target.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([str(target)] + site.getsitepackages())
+    where = subprocess.run([sys.executable, "-S", "-c", "import infcl_ds; print(infcl_ds.__file__)"], env=env,
+                           cwd=elsewhere, capture_output=True, text=True, timeout=120, check=True)
+    assert Path(where.stdout.strip()).is_relative_to(target), where.stdout
+    plan = subprocess.run([sys.executable, "-S", str(target / "bin" / "infcl-ds"), "plan", "--config", str(recipe),
+                           "--num_gpus", "8"], env=env, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert plan.returncode in (0, 1), plan.stderr  # 1: does not fit; 2 would be a refusal
+    assert "peak per GPU" in plan.stdout, plan.stdout + plan.stderr
+
+
+def test_shipped_calibration_is_the_benchmarks_fit(tmp_path, capsys):
+    """`python -m infcl_ds.plan.calibrate --write` rewrites the shipped files unchanged."""
+    shipped = REPO / "infcl_ds" / "calibration"
+    for path in shipped.glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    assert calibrate.main(["--write", "--out", str(tmp_path)]) == 0
+    for path in shipped.glob("*.json"):
+        assert json.loads((tmp_path / path.name).read_text()) == json.loads(path.read_text()), path.name

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from devices import EXACT, GPU
 from dist_utils import run_ranks
 from reference import clip_loss_reference, random_features, rel_err
 
@@ -35,7 +36,7 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         image = image[lo:lo + sizes[pos]].clone().requires_grad_()
         text = text[lo:lo + sizes[pos]].clone().requires_grad_()
         scale = torch.tensor(s, requires_grad=True)
-        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **(tiles or {}))
+        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **EXACT, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad))
     return out
@@ -146,6 +147,7 @@ def _peer_fails(rank, world, how, phase):
     return ("finished", "", time.monotonic() - t0)
 
 
+@pytest.mark.skipif(GPU, reason="fault behaviour on gloo; NCCL surfaces failures later (docs/semantics.md)")
 @pytest.mark.parametrize("phase,how", [("forward", "dies"), ("forward", "raises"), ("forward", "hangs"),
                                        ("backward", "dies"), ("backward", "raises")])
 def test_dead_failing_or_stuck_peer_stops_the_others_with_a_clear_error(phase, how):

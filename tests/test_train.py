@@ -77,7 +77,7 @@ def test_chunk_larger_than_local_batch():
 
 
 def test_wrong_type_and_choice():
-    with pytest.raises(RecipeError, match=r"batch.chunk must be int"):
+    with pytest.raises(RecipeError, match=r"batch.chunk must be an integer"):
         load_recipe(TINY, ["batch.chunk=big"])
     with pytest.raises(RecipeError, match=r"zero.stage must be one of"):
         load_recipe(TINY, ["zero.stage=4"])

@@ -105,13 +105,12 @@ def device_rows(shards, samples: int, image_size: int, chunk: int, command: str)
     return [row]
 
 
-def needed_rows(rate_per_worker: float):
+def needed_rows(rate_per_worker: float, recipes: Path):
     """What each recipe's planned step needs from its decoders, per rank."""
     from ..config import load_recipe
     from ..plan.plan import make_plan
-    from ..resources import resource
     rows = []
-    for path in sorted(resource("ds_configs", "recipes").glob("*.yaml")):
+    for path in sorted(Path(recipes).glob("*.yaml")):
         recipe = load_recipe(path)
         if recipe.data.source != "webdataset" or "cpu" in path.name:
             continue
@@ -133,6 +132,7 @@ def main(argv=None):
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--recipes", type=Path, default=Path("ds_configs/recipes"), help="recipes to set the needs beside")
     args = p.parse_args(argv)
     command = "infcl-ds bench data " + " ".join(argv if argv is not None else [])
     identity = {**run_identity(), "cpus": os.cpu_count()}
@@ -142,7 +142,7 @@ def main(argv=None):
     if torch.cuda.is_available():
         rows += device_rows(args.shards, args.samples, args.image_size, args.chunk, command)
     best = max((r for r in rows if r["impl"] == "pil"), key=lambda r: r["samples_per_s"])
-    rows += needed_rows(best["per_worker"])
+    rows += needed_rows(best["per_worker"], args.recipes)
     for row in rows:
         row.update(identity)
     write_rows(args.out, rows, identity)

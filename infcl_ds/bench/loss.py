@@ -189,7 +189,8 @@ def main(argv=None):
     from ..ops import block
     from ..ops.tuning import chosen_configs
     meta["tile_configs"] = chosen_configs()
-    meta["addmm_out_dtype_fp32_accumulate"] = block._ADDMM_OUT_DTYPE_OK
+    meta["addmm_out_dtype_fp32_accumulate"] = (block.addmm_takes_out_dtype(device, torch.bfloat16, torch.float32)
+                                               if device.type == "cuda" else None)
     write_rows(Path(args.out), rows, meta)
     from .plot import plot_loss
     plot_loss(Path(args.out), Path(args.out).with_suffix(".png"))

@@ -132,32 +132,3 @@ def plot_train(json_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
-
-
-def plot_planner_check(json_path: Path, png_path: Path) -> None:
-    """Measured per-GPU peaks against the planner's predictions, one group of bars per
-    configuration and batch: allocated (torch) and device in use (the planner's total)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in json.loads(Path(json_path).read_text())["rows"] if r.get("status") == "measured"]
-    allocators = sorted({r.get("allocator", "default") for r in rows})
-    fig, axes = plt.subplots(1, len(allocators), figsize=(7 * len(allocators), 4.5), squeeze=False)
-    for ax, alloc in zip(axes[0], allocators):
-        mine = [r for r in rows if r.get("allocator", "default") == alloc]
-        labels = [f"{r['config']}\n{r['model']} B={r['B'] // 1024}k" for r in mine]
-        xs = range(len(mine))
-        bars = (("measured allocated", "peak_mib_max", -0.3, "tab:blue"),
-                ("planned allocated", "plan_allocated_mib", -0.1, "tab:cyan"),
-                ("device in use", "device_used_mib", 0.1, "tab:red"),
-                ("planned total", "plan_peak_mib", 0.3, "tab:orange"))
-        for label, key, dx, color in bars:
-            ax.bar([x + dx for x in xs], [r[key] / 1024 for r in mine], 0.2, label=label, color=color)
-        ax.set_xticks(list(xs), labels, fontsize=7)
-        ax.set_ylabel("GiB per GPU")
-        ax.set_title(f"planner vs measured, allocator: {alloc}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)

@@ -1,4 +1,4 @@
-"""A recipe -> the DeepSpeed config, built on the JSON bases in ``ds_configs/``.
+"""A recipe -> the DeepSpeed config, built on the JSON bases in ``infcl_ds/ds_configs/`` (package data).
 
 How DeepSpeed's batch keys map onto ours (docs/training.md): the contrastive batch is
 ``batch.global`` across all ranks; each rank holds ``global / world`` samples (the local
@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
-from ..resources import resource
+from ..resources import package_file
 from .recipe import Recipe, RecipeError
-
-REPO_CONFIGS = resource("ds_configs")
 
 
 def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -26,12 +24,22 @@ def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def base_config(recipe: Recipe) -> Dict[str, Any]:
-    path = Path(recipe.zero.base_config) if recipe.zero.base_config else REPO_CONFIGS / f"zero{recipe.zero.stage}.json"
-    if not path.is_file():
-        raise RecipeError(f"recipe: zero.base_config {path} does not exist")
-    config = json.loads(path.read_text())
+    if recipe.zero.base_config:
+        path = Path(recipe.zero.base_config)
+        if not path.is_file():
+            raise RecipeError(f"recipe: zero.base_config {path} does not exist")
+    else:
+        path = package_file("ds_configs", f"zero{recipe.zero.stage}.json")
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        where = f" line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise RecipeError(f"recipe: zero.base_config {path}{where} is not a JSON DeepSpeed config") from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"recipe: zero.base_config {path} is not a JSON object")
     config.pop("_comment", None)
-    stage = config.get("zero_optimization", {}).get("stage", 0)
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else zero
     if stage != recipe.zero.stage:
         raise RecipeError(f"recipe: zero.stage={recipe.zero.stage} but {path} sets zero_optimization.stage={stage}")
     return config

@@ -1,182 +1,295 @@
 """The training recipe: one YAML file, validated before any work.
 
-A recipe is a tree of small dataclasses. Loading checks every key (an unknown key is an error
-naming the nearest valid one), every type, and the batch arithmetic that would otherwise fail
-deep inside a collective: the global batch must split evenly over the ranks, and a chunk must
-fit in a local batch. Overrides come as ``section.key=value`` strings (``--set`` on the CLI),
-their values parsed as YAML.
+A recipe is a tree of small pydantic models, one per section (DeepSpeed builds its own config
+the same way). Every default and every check lives here: unknown keys are errors naming the
+nearest valid one, values have types, choices and bounds, and the checks across keys (the batch
+arithmetic, a synthetic source large enough for one global batch, the DeepSpeed overrides) run
+at load. Overrides come as ``section.key=value`` strings (``--set`` on the CLI), their values
+parsed as YAML. Every problem is a one-line RecipeError naming the key, or the file and line.
 """
-import dataclasses
 import difflib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 
 class RecipeError(ValueError):
     """A recipe that cannot run; the message names the key."""
 
 
-@dataclass
-class ModelSection:
-    name: str = "infcl-tiny"                     # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
+# YAML gives ints for ints: a bool or a float is not silently an int.
+Int = Annotated[int, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(ge=1)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
+
+
+class Section(BaseModel):
+    # Unknown keys are errors; NaN and infinities are not numbers here.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+
+class ModelSection(Section):
+    name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
-    seed: int = 0                                # initial weights and everything random
+    seed: NonNegativeInt = 0                     # initial weights and everything random
 
 
-@dataclass
-class DataSection:
-    source: str = "synthetic"                    # webdataset | csv | synthetic
-    train: Optional[Union[str, List[str]]] = None  # shards (brace pattern, directory, list) or a CSV/TSV
-    eval: Optional[str] = None                   # a labelled split directory (see infcl-ds data digits)
-    csv_img_key: str = "filepath"
-    csv_caption_key: str = "title"
-    csv_separator: Optional[str] = None          # default: tab for .tsv, comma otherwise
-    synthetic_size: int = 4096
-    workers: int = 2                             # data-loader processes per rank
-    worker_batch: int = 256                      # samples per worker task (the pieces of a local batch)
+SYNTHETIC_SIZE = 4096
+
+
+class DataSection(Section):
+    source: Literal["webdataset", "csv", "synthetic"] = "synthetic"
+    train: Optional[Union[Text, List[Text]]] = None  # shards (brace pattern, directory, list) or a CSV/TSV
+    eval: Optional[Text] = None                  # a labelled split directory (see infcl-ds data digits)
+    csv_img_key: Text = "filepath"
+    csv_caption_key: Text = "title"
+    csv_separator: Optional[Text] = None         # default: tab for .tsv, comma otherwise
+    synthetic_size: Optional[PositiveInt] = None  # default: SYNTHETIC_SIZE, or one global batch if larger
+    workers: NonNegativeInt = 2                  # data-loader processes per rank
+    worker_batch: PositiveInt = 256              # samples per worker task (the pieces of a local batch)
     augment: bool = True
-    host_batch: str = "encoded"                  # encoded: images held as stored, decoded per chunk | decoded
-    decode_workers: int = 2                      # encoded: decode processes per rank (0: in the training process)
-    image_bytes: Optional[int] = None            # encoded: mean stored bytes per image, for the planner
+    host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
+    decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
+    image_bytes: Optional[PositiveInt] = None    # encoded: mean stored bytes per image, for the planner
                                                  # (default: measured from the shards where readable)
 
+    @field_validator("train", mode="before")
+    @classmethod
+    def _paths(cls, value):
+        if value is not None and not isinstance(value, (str, list)):
+            raise ValueError(f"must be a path or a list of paths, got {type(value).__name__} {value!r}")
+        return value
 
-@dataclass
-class BatchSection:
-    global_size: int = 512                       # the contrastive batch across all ranks
-    chunk: int = 64                              # samples encoded at once (activation memory)
+    @model_validator(mode="after")
+    def _train_for_files(self):
+        if self.source != "synthetic" and not self.train:
+            raise ValueError(f"data.train is required for data.source={self.source}")
+        return self
+
+
+class BatchSection(Section):
+    # YAML spells the global batch `global` (a Python keyword, hence the field's name).
+    global_size: PositiveInt = Field(512, alias="global")  # the contrastive batch across all ranks
+    chunk: PositiveInt = 64                      # samples encoded at once (activation memory)
     offload_features: bool = False               # cached features in pinned host memory
 
 
-@dataclass
-class OptimizerSection:
-    lr: float = 5e-4
-    weight_decay: float = 0.2                    # OpenCLIP's rule decides which parameters decay
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-6
-    grad_clip: float = 0.0                       # OpenCLIP clips nothing; DeepSpeed's default would be 1.0
+class OptimizerSection(Section):
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: NonNegativeFloat = 0.2         # OpenCLIP's rule decides which parameters decay
+    betas: Annotated[List[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.98]
+    eps: float = Field(1e-6, gt=0)
+    grad_clip: NonNegativeFloat = 0.0            # OpenCLIP clips nothing; DeepSpeed's default would be 1.0
 
 
-@dataclass
-class ScheduleSection:
-    steps: int = 100                             # optimizer steps in the run
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.0                    # cosine floor as a fraction of lr
+class ScheduleSection(Section):
+    steps: PositiveInt = 100                     # optimizer steps in the run
+    warmup_steps: NonNegativeInt = 10
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine floor as a fraction of lr
+
+    @model_validator(mode="after")
+    def _warmup_within_run(self):
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"schedule.warmup_steps must be in [0, schedule.steps={self.steps}], "
+                             f"got {self.warmup_steps}")
+        return self
 
 
-@dataclass
-class PrecisionSection:
-    dtype: str = "bf16"                          # bf16 | fp32
+class PrecisionSection(Section):
+    dtype: Literal["bf16", "fp32"] = "bf16"
     grad_accum_fp32: bool = True                 # bf16 only: chunk gradients summed in fp32
 
 
-@dataclass
-class ZeroSection:
-    stage: int = 2
-    base_config: Optional[str] = None            # default: ds_configs/zero{stage}.json
-    overrides: Dict[str, Any] = field(default_factory=dict)  # merged into the DeepSpeed config last
+class ZeroSection(Section):
+    stage: Literal[0, 1, 2, 3] = 2
+    base_config: Optional[Text] = None           # default: infcl_ds/ds_configs/zero{stage}.json
+    overrides: Dict[str, Any] = {}               # merged into the DeepSpeed config last
 
 
-@dataclass
-class CheckpointSection:
-    every: int = 0                               # steps between checkpoints (0: only at the end)
-    keep: int = 2                                # newest checkpoints kept
-    resume: Optional[str] = None                 # "latest" or a tag
+class CheckpointSection(Section):
+    every: NonNegativeInt = 0                    # steps between checkpoints (0: only at the end)
+    keep: PositiveInt = 2                        # newest checkpoints kept
+    resume: Optional[Text] = None                # "latest" or a tag
 
 
-@dataclass
-class LoggingSection:
-    every: int = 1
+class LoggingSection(Section):
+    every: PositiveInt = 1
     tensorboard: bool = True
     progress: bool = True
 
 
-@dataclass
-class EvalSection:
-    every: int = 0                               # steps between evaluations (0: only at the end)
-    batch_size: int = 256
+class EvalSection(Section):
+    every: NonNegativeInt = 0                    # steps between evaluations (0: only at the end)
+    batch_size: PositiveInt = 256
 
 
-@dataclass
-class Recipe:
-    output_dir: str = "runs/default"
-    model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
-    batch: BatchSection = field(default_factory=BatchSection)
-    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
-    schedule: ScheduleSection = field(default_factory=ScheduleSection)
-    precision: PrecisionSection = field(default_factory=PrecisionSection)
-    zero: ZeroSection = field(default_factory=ZeroSection)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    logging: LoggingSection = field(default_factory=LoggingSection)
-    eval: EvalSection = field(default_factory=EvalSection)
+class Recipe(Section):
+    output_dir: Text = "runs/default"
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    batch: BatchSection = BatchSection()
+    optimizer: OptimizerSection = OptimizerSection()
+    schedule: ScheduleSection = ScheduleSection()
+    precision: PrecisionSection = PrecisionSection()
+    zero: ZeroSection = ZeroSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    logging: LoggingSection = LoggingSection()
+    eval: EvalSection = EvalSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, tree):
+        """A section written with no keys (``model:``) is YAML's null: the defaults."""
+        if isinstance(tree, dict):
+            return {key: ({} if value is None and key in cls.model_fields and key != "output_dir" else value)
+                    for key, value in tree.items()}
+        return tree
+
+    @model_validator(mode="after")
+    def _across_sections(self):
+        if self.batch.chunk > self.batch.global_size:
+            raise ValueError(f"batch.chunk={self.batch.chunk} is larger than batch.global={self.batch.global_size}")
+        if self.data.synthetic_size is None:
+            self.data.synthetic_size = max(SYNTHETIC_SIZE, self.batch.global_size)
+        if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
+            raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
+                             f"(batch.global={self.batch.global_size}): not one step could run")
+        _check_overrides(self)
+        return self
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def local_batch(self, world_size: int) -> int:
         return self.batch.global_size // world_size
 
 
-# YAML spells the global batch `global` (a Python keyword, hence the field's name).
-_YAML_ALIASES = {"global": "global_size"}
-_CHOICES = {("data", "source"): ("webdataset", "csv", "synthetic"), ("data", "host_batch"): ("encoded", "decoded"),
-            ("precision", "dtype"): ("bf16", "fp32"),
-            ("zero", "stage"): (0, 1, 2, 3)}
+# DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override would
+# silently change the step (e.g. gradient_accumulation_steps > 1 steps the optimizer less
+# often, and the engine's gradient scaling assumes 1). The recipe key to use instead.
+_OWNED_DEEPSPEED_KEYS = {
+    "train_micro_batch_size_per_gpu": "batch.chunk", "gradient_accumulation_steps": "batch.global",
+    "train_batch_size": "batch.global", "gradient_clipping": "optimizer.grad_clip",
+    "bf16": "precision.dtype", "fp16": "precision.dtype", "scheduler": "schedule.*",
+    "optimizer": "optimizer.*",
+}
+# Sections of the DeepSpeed config that are mappings: an override must be one too.
+_MAPPING_DEEPSPEED_KEYS = ("zero_optimization", "data_types", "bf16", "fp16", "activation_checkpointing",
+                           "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor")
 
 
-def _field_names(cls) -> List[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def _check_overrides(recipe: Recipe) -> None:
+    overrides = recipe.zero.overrides
+    for key, instead in _OWNED_DEEPSPEED_KEYS.items():
+        if key in overrides:
+            raise ValueError(f"zero.overrides.{key} is set by the recipe; use {instead}")
+    for key in _MAPPING_DEEPSPEED_KEYS:
+        if key in overrides and not isinstance(overrides[key], dict):
+            raise ValueError(f"zero.overrides.{key} must be a mapping, got {overrides[key]!r}")
+    if "stage" in overrides.get("zero_optimization", {}):
+        raise ValueError("zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage")
+    accum = overrides.get("data_types", {}).get("grad_accum_dtype")
+    if accum is not None and recipe.precision.dtype == "bf16":
+        # DeepSpeed's own fp32 accumulation (BF16_Optimizer) cannot coalesce a step's chunks into
+        # one reduction (NotImplementedError under ZeRO-1); the engine sums chunk gradients in fp32.
+        raise ValueError("zero.overrides.data_types.grad_accum_dtype is not supported with bf16; "
+                         "precision.grad_accum_fp32 (default true) sums the chunk gradients in fp32")
 
 
-def _yaml_name(name: str) -> str:
-    return {v: k for k, v in _YAML_ALIASES.items()}.get(name, name)
+# --- errors as one line naming the key -----------------------------------------------------
+
+_KINDS = {"int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+          "float_type": "must be a number", "float_parsing": "must be a number",
+          "finite_number": "must be a finite number", "string_type": "must be a string",
+          "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+          "dict_type": "must be a mapping", "model_type": "must be a mapping",
+          "model_attributes_type": "must be a mapping", "list_type": "must be a list"}
 
 
-def _unknown_key(path: str, key: str, cls) -> RecipeError:
-    valid = [_yaml_name(n) for n in _field_names(cls)]
+def _dotted(loc) -> str:
+    """The recipe key of a pydantic error location: field names (YAML spelling) down the
+    sections, then list indices; a union's member tags ('str', 'list[str]') dropped."""
+    parts, model = [], Recipe
+    for item in loc:
+        if model is not None and isinstance(item, str):
+            fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+            if item not in fields:
+                parts.append(item)  # an unknown key
+                break
+            parts.append(item)
+            annotation = fields[item].annotation
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        elif isinstance(item, int):
+            parts[-1] += f"[{item}]"
+    return ".".join(parts)
+
+
+def _unknown_key(dotted: str) -> RecipeError:
+    *path, key = dotted.split(".")
+    model = Recipe
+    for part in path:
+        model = model.model_fields[part].annotation
+    valid = [f.alias or name for name, f in model.model_fields.items()]
+    prefix = ".".join(path) + "." if path else ""
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {path + '.' if path else ''}{near[0]}?" if near else f"; valid keys: {', '.join(valid)}"
-    return RecipeError(f"recipe: unknown key {path + '.' if path else ''}{key}{hint}")
+    hint = f"; did you mean {prefix}{near[0]}?" if near else f"; valid keys: {', '.join(valid)}"
+    return RecipeError(f"recipe: unknown key {dotted}{hint}")
 
 
-def _check_type(path: str, value, annotation):
-    """Accept ints for floats (YAML writes 1 for 1.0); reject everything else that does not match."""
-    if value is None:
-        return value
-    kind = annotation if isinstance(annotation, type) else None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is float and isinstance(value, str):  # YAML 1.1 reads 5e-4 as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if kind in (int, float, str, bool) and not (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
-        raise RecipeError(f"recipe: {path} must be {kind.__name__}, got {type(value).__name__} {value!r}")
-    return value
+def _recipe_error(err: ValidationError) -> RecipeError:
+    e = err.errors()[0]
+    key = _dotted(e["loc"])
+    if e["type"] == "extra_forbidden":
+        return _unknown_key(key)
+    if e["type"] == "value_error":  # a check across keys: its message names them
+        message = str(e["ctx"]["error"])
+        return RecipeError(f"recipe: {message}" if not key or key.split(".")[0] in message else
+                           f"recipe: {key} {message}")
+    ctx = e.get("ctx", {})
+    if e["type"] == "literal_error":
+        kind = f"must be one of {ctx['expected']}"
+    elif e["type"] in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        bound = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}",
+                 "less_than": "< {lt}"}[e["type"]].format(**ctx)
+        kind = f"must be {bound}"
+    elif e["type"] in ("too_short", "too_long"):
+        kind = (f"must have at least {ctx['min_length']} entries" if e["type"] == "too_short" else
+                f"must have at most {ctx['max_length']} entries")
+    elif e["type"] == "string_too_short":
+        kind = "must not be empty"
+    else:
+        kind = _KINDS.get(e["type"], e["msg"].lower())
+    return RecipeError(f"recipe: {key} {kind}, got {e['input']!r}")
 
 
-def _build(cls, raw, path=""):
-    if not isinstance(raw, dict):
-        raise RecipeError(f"recipe: {path or 'the recipe'} must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = {name: f.type for name, f in fields.items()}
-    kwargs = {}
-    for key, value in raw.items():
-        name = _YAML_ALIASES.get(key, key)
-        if name not in fields:
-            raise _unknown_key(path, key, cls)
-        sub = f"{path}.{key}" if path else key
-        default = fields[name].default_factory() if fields[name].default_factory is not dataclasses.MISSING else None
-        if dataclasses.is_dataclass(default):
-            kwargs[name] = _build(type(default), value or {}, sub)
-        else:
-            kwargs[name] = _check_type(sub, value, hints[name] if isinstance(hints[name], type) else None)
-    return cls(**kwargs)
+# --- loading ---------------------------------------------------------------------------------
+
+def _read_tree(path: Path) -> Dict[str, Any]:
+    if path.is_dir():
+        raise RecipeError(f"recipe: {path} is a directory, not a recipe file")
+    if not path.is_file():
+        raise RecipeError(f"recipe: {path} does not exist")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe: {path} is not a text (YAML) file") from None
+    try:
+        tree = yaml.safe_load(text)  # safe: a tag that would run code is an error, never run
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError(f"recipe: {path}{where}: {problem}") from None
+    if tree is None:
+        raise RecipeError(f"recipe: {path} is empty (it would train the built-in defaults); "
+                          "leave out --config for that")
+    if not isinstance(tree, dict):
+        raise RecipeError(f"recipe: {path} must be a mapping of sections, got a {type(tree).__name__}")
+    return tree
 
 
 def _apply_override(tree: Dict[str, Any], assignment: str) -> None:
@@ -189,59 +302,23 @@ def _apply_override(tree: Dict[str, Any], assignment: str) -> None:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise RecipeError(f"--set {assignment!r}: {key} is not a section")
-    node[keys[-1]] = yaml.safe_load(text)
+    try:
+        node[keys[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"--set {assignment!r}: not a YAML value ({getattr(err, 'problem', err)})") from None
 
 
-# DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override would
-# silently change the step (e.g. gradient_accumulation_steps > 1 steps the optimizer less
-# often, and the engine's gradient scaling assumes 1). The recipe key to use instead.
-_OWNED_DEEPSPEED_KEYS = {
-    "train_micro_batch_size_per_gpu": "batch.chunk", "gradient_accumulation_steps": "batch.global",
-    "train_batch_size": "batch.global", "gradient_clipping": "optimizer.grad_clip",
-    "bf16": "precision.dtype", "fp16": "precision.dtype", "scheduler": "schedule.*",
-    "optimizer": "optimizer.*",
-}
+def _check_model_name(name: str) -> None:
+    """The architecture exists (open_clip's configs and the tiny ones shipped here)."""
+    import open_clip
 
-
-def _check_overrides(recipe: Recipe) -> None:
-    overrides = recipe.zero.overrides
-    for key, instead in _OWNED_DEEPSPEED_KEYS.items():
-        if key in overrides:
-            raise RecipeError(f"recipe: zero.overrides.{key} is set by the recipe; use {instead}")
-    if "stage" in overrides.get("zero_optimization", {}):
-        raise RecipeError("recipe: zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage")
-    accum = overrides.get("data_types", {}).get("grad_accum_dtype")
-    if accum is not None and recipe.precision.dtype == "bf16":
-        # DeepSpeed's own fp32 accumulation (BF16_Optimizer) cannot coalesce a step's chunks into
-        # one reduction (NotImplementedError under ZeRO-1); the engine sums chunk gradients in fp32.
-        raise RecipeError("recipe: zero.overrides.data_types.grad_accum_dtype is not supported with bf16; "
-                          "precision.grad_accum_fp32 (default true) sums the chunk gradients in fp32")
-
-
-def _validate(recipe: Recipe) -> None:
-    _check_overrides(recipe)
-    for (section, key), allowed in _CHOICES.items():
-        value = getattr(getattr(recipe, section), key)
-        if value not in allowed:
-            raise RecipeError(f"recipe: {section}.{key} must be one of {list(allowed)}, got {value!r}")
-    positive = {"batch.global": recipe.batch.global_size, "batch.chunk": recipe.batch.chunk,
-                "schedule.steps": recipe.schedule.steps, "logging.every": recipe.logging.every,
-                "data.worker_batch": recipe.data.worker_batch}
-    for key, value in positive.items():
-        if value < 1:
-            raise RecipeError(f"recipe: {key} must be >= 1, got {value}")
-    for key in ("workers", "decode_workers"):
-        if getattr(recipe.data, key) < 0:
-            raise RecipeError(f"recipe: data.{key} must be >= 0, got {getattr(recipe.data, key)}")
-    if recipe.data.image_bytes is not None and recipe.data.image_bytes < 1:
-        raise RecipeError(f"recipe: data.image_bytes must be >= 1, got {recipe.data.image_bytes}")
-    if not 0 <= recipe.schedule.warmup_steps <= recipe.schedule.steps:
-        raise RecipeError(f"recipe: schedule.warmup_steps must be in [0, schedule.steps={recipe.schedule.steps}], "
-                          f"got {recipe.schedule.warmup_steps}")
-    if recipe.optimizer.lr <= 0 or recipe.optimizer.grad_clip < 0:
-        raise RecipeError("recipe: optimizer.lr must be > 0 and optimizer.grad_clip >= 0")
-    if recipe.data.source != "synthetic" and not recipe.data.train:
-        raise RecipeError(f"recipe: data.train is required for data.source={recipe.data.source}")
+    from ..models import register_tiny_configs
+    register_tiny_configs()
+    known = open_clip.list_models()
+    if name not in known:
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+        hint = f"; closest: {', '.join(near)}" if near else "; see open_clip.list_models()"
+        raise RecipeError(f"recipe: model.name {name!r} is not an open_clip architecture{hint}")
 
 
 def check_world(recipe: Recipe, world_size: int) -> None:
@@ -258,22 +335,21 @@ def check_world(recipe: Recipe, world_size: int) -> None:
 
 
 def load_recipe(path: Optional[Union[str, Path]] = None, overrides: Optional[List[str]] = None) -> Recipe:
-    """Read a YAML recipe (or start from the defaults), apply ``section.key=value`` overrides, validate."""
-    tree: Dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise RecipeError(f"recipe: {path} does not exist")
-        tree = yaml.safe_load(path.read_text()) or {}
+    """Read a YAML recipe (or start from the defaults), apply ``section.key=value`` overrides,
+    validate every key, the model name and the DeepSpeed base config; RecipeError otherwise."""
+    tree: Dict[str, Any] = _read_tree(Path(path)) if path is not None else {}
     for assignment in overrides or []:
         _apply_override(tree, assignment)
-    recipe = _build(Recipe, tree)
-    _validate(recipe)
+    try:
+        recipe = Recipe.model_validate(tree)
+    except ValidationError as err:
+        raise _recipe_error(err) from None
+    _check_model_name(recipe.model.name)
+    from .deepspeed_config import base_config
+    base_config(recipe)
     return recipe
 
 
 def dump_recipe(recipe: Recipe) -> str:
     """YAML that load_recipe reads back to the same recipe."""
-    tree = recipe.to_dict()
-    tree["batch"] = {_yaml_name(k): v for k, v in tree["batch"].items()}
-    return yaml.safe_dump(tree, sort_keys=False)
+    return yaml.safe_dump(recipe.model_dump(by_alias=True), sort_keys=False)

@@ -3,8 +3,9 @@
 DeepSpeed 0.19.x broadcasts and flattens parameters through ``p.data.view(torch.uint8)``,
 which fails on a 0-dim tensor (open_clip's ``logit_scale``: "self.dim() cannot be 0 to view
 ... as Byte"). Such parameters are given shape [1] before ``deepspeed.initialize`` (the
-model's arithmetic broadcasts the same) and put back to 0-dim in exported state dicts, so
-``open_clip.create_model(name).load_state_dict(..., strict=True)`` still takes them.
+model's arithmetic broadcasts the same); the export (infcl_ds/export.py) reshapes every
+tensor to the architecture's own shapes, so ``open_clip.create_model(name).load_state_dict(...,
+strict=True)`` still takes them.
 
 ZeRO-3 gathers a module's parameters in hooks around that module's forward, but
 ``nn.MultiheadAttention`` (open_clip's transformers) passes ``out_proj.weight`` to
@@ -14,7 +15,7 @@ gathers the parameter on access, one blocking all-gather per parameter. Marked a
 leaf, the attention module gathers all its parameters, out_proj's included, together in
 its own hook.
 """
-from typing import Dict, List
+from typing import List
 
 import torch
 
@@ -27,15 +28,6 @@ def promote_scalar_parameters(model: torch.nn.Module) -> List[str]:
             param.data = param.data.reshape(1)
             names.append(name)
     return names
-
-
-def restore_scalar_parameters(state_dict: Dict[str, torch.Tensor], names: List[str]) -> Dict[str, torch.Tensor]:
-    """The state dict with the promoted parameters back to 0-dim (a new dict)."""
-    out = dict(state_dict)
-    for name in names:
-        if name in out:
-            out[name] = out[name].reshape(())
-    return out
 
 
 def mark_zero3_leaf_modules(model: torch.nn.Module) -> None:

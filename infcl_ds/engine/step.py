@@ -70,7 +70,7 @@ class ContrastiveEngine:
         import deepspeed
 
         from .params import mark_zero3_leaf_modules, promote_scalar_parameters
-        scalar_names = promote_scalar_parameters(model)
+        promote_scalar_parameters(model)
         if config.get("zero_optimization", {}).get("stage", 0) == 3:
             mark_zero3_leaf_modules(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
@@ -82,7 +82,6 @@ class ContrastiveEngine:
             # average over its data-parallel ranks: the two must be the same ranks.
             raise ValueError(f"the loss group has {wrapped.world_size} ranks but DeepSpeed averages gradients over "
                              f"{dp} data-parallel ranks; pass group= the data-parallel group")
-        wrapped.scalar_parameter_names = scalar_names
         return wrapped
 
     @property
@@ -149,7 +148,7 @@ class ContrastiveEngine:
             return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, device=like.device)
         return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, pin_memory=like.is_cuda)
 
-    def backward(self, images, texts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_backward(self, images, texts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Steps 1-3: gradients of the global loss on every parameter; returns the loss.
 
         ``images`` is a ChunkedBatch (e.g. infcl_ds.data.HostBatch) or, with ``texts``, the two
@@ -238,7 +237,7 @@ class ContrastiveEngine:
     def train_step(self, images, texts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Steps 1-4: gradients, one optimizer step, and OpenCLIP's clamp of the logit scale
         to ln(100), applied to the fp32 master copy (else the next step would undo it)."""
-        loss = self.backward(images, texts)
+        loss = self.forward_backward(images, texts)
         with self.phases("optimizer"):
             self.engine.step()
             self._clamp_logit_scale(math.log(100.0))

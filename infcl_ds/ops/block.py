@@ -7,7 +7,7 @@ TRITON_INTERPRET=1, chunked PyTorch otherwise), walks the columns in panels, and
 two GEMMs per panel.
 """
 import contextlib
-from typing import Optional
+import functools
 
 import torch
 
@@ -22,7 +22,7 @@ PANEL_SLACK_BYTES = 32 << 20
 # The most one G tile (rows x panel columns) may hold. Beyond it the rows are walked in
 # slices too, so that G stays a constant rather than ~4 D bytes per local sample: at a
 # local batch of 512k x 512 that is 256 MiB instead of 1 GiB. Below ~128k rows (bf16,
-# D = 512) nothing changes: one row slice, as before.
+# D = 512) a G tile holds every row: one row slice.
 PANEL_MAX_BYTES = 256 << 20
 
 
@@ -63,24 +63,35 @@ def _matmul_precision(allow_tf32: bool):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-_ADDMM_OUT_DTYPE_OK: Optional[bool] = None
+@functools.lru_cache(maxsize=None)
+def addmm_takes_out_dtype(device: torch.device, operands: torch.dtype, out: torch.dtype) -> bool:
+    """Whether this torch can write ``operands`` products straight into an ``out`` tensor
+    (``torch.addmm(..., out_dtype=)``, recent torch on CUDA). Probed once per device and
+    dtypes on 2 x 2 tensors, so that an error of a real call (out of memory above all) is
+    never taken for a missing capability."""
+    try:
+        a = torch.zeros((2, 2), device=device, dtype=operands)
+        c = torch.zeros((2, 2), device=device, dtype=out)
+        torch.addmm(c, a, a, out_dtype=out, out=c)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _direct_accumulation(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
+    """cuBLAS can read and write the fp32 C directly: no fp32 temporary of the product."""
+    return out.is_cuda and x.dtype == y.dtype and addmm_takes_out_dtype(out.device, x.dtype, out.dtype)
 
 
 def gemm_into(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float, accumulate: bool) -> None:
     """out (+)= alpha * x @ y, with fp32 accumulation whatever the operands' dtype."""
-    global _ADDMM_OUT_DTYPE_OK
     beta = 1.0 if accumulate else 0.0
     if out.dtype == x.dtype == y.dtype:
         torch.addmm(out, x, y, beta=beta, alpha=alpha, out=out)
         return
-    if out.is_cuda and x.dtype == y.dtype and _ADDMM_OUT_DTYPE_OK is not False:
-        # cuBLAS reads and writes the fp32 C directly: no fp32 temporary of the product.
-        try:
-            torch.addmm(out, x, y, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
-            _ADDMM_OUT_DTYPE_OK = True
-            return
-        except (RuntimeError, TypeError):
-            _ADDMM_OUT_DTYPE_OK = False
+    if _direct_accumulation(out, x, y):
+        torch.addmm(out, x, y, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
+        return
     product = x.float() @ y.float()
     if accumulate:
         out.add_(product, alpha=alpha)

@@ -1,6 +1,6 @@
-"""Cross-rank level of the tiling: a ring over deepspeed.comm (imports ops, never loss/engine)."""
-from .ring import Ring, ensure_deepspeed_comm
+"""Cross-rank level of the tiling: a ring over deepspeed.comm or torch.distributed (imports ops, never loss/engine)."""
+from .ring import Ring
 from .ring_loss import RingClipLoss
 from .checks import check_across_ranks
 
-__all__ = ["Ring", "RingClipLoss", "check_across_ranks", "ensure_deepspeed_comm"]
+__all__ = ["Ring", "RingClipLoss", "check_across_ranks"]

@@ -2,12 +2,13 @@
 
 A rank whose inputs are bad must not raise alone: its peers would wait in the ring until the
 timeout. So local problems are recorded, not raised, shared with one all-gather, and every
-rank raises the same ValueError naming the rank(s) and the problem.
+rank raises the same ValueError naming the rank(s) and the problem. The table is summed
+from zero-padded rows with the ring's all-reduce rather than all-gathered: all_gather_into_tensor
+is deprecated in recent torch (a warning on every call) and absent from older ones.
 """
 from typing import List, Optional
 
 import torch
-from deepspeed import comm as dist
 
 from .ring import Ring
 
@@ -19,7 +20,7 @@ def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scal
                        local_error: Optional[str]) -> List[int]:
     """Return the local batch sizes in group order, or raise ValueError on every rank."""
     ok = local_error is None
-    info = torch.tensor([
+    row = torch.tensor([
         0.0 if ok else 1.0,
         float(image.shape[0]) if ok else -1.0,
         float(image.shape[1]) if ok else -1.0,
@@ -27,12 +28,12 @@ def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scal
         float(_DEVICE_CODES.get(image.device.type, -1)) if ok else -1.0,
         float(scale.detach().reshape(())) if ok else 0.0,
     ], dtype=torch.float64, device=ring.device)
-    table = torch.empty(ring.size * info.numel(), dtype=torch.float64, device=info.device)
-    dist.all_gather_into_tensor(table, info, group=ring.group)
-    rows = table.view(ring.size, -1).tolist()
+    table = torch.zeros((ring.size, row.numel()), dtype=torch.float64, device=row.device)
+    table[ring.pos] = row
+    rows = ring.all_reduce_sum(table).tolist()
     if any(r[0] for r in rows):
         messages = [None] * ring.size
-        dist.all_gather_object(messages, local_error, group=ring.group)
+        ring.comm.all_gather_object(messages, local_error, group=ring.group)
         raise ValueError("contrastive_loss: bad input on " + "; ".join(
             f"rank {ring.ranks[i]}: {m}" for i, m in enumerate(messages) if m))
     names = {"width D": 2, "dtype": 3, "device type": 4, "logit_scale": 5}

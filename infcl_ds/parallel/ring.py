@@ -1,4 +1,5 @@
-"""Neighbour exchange over deepspeed.comm: send to rank+1, receive from rank-1 in a group.
+"""Neighbour exchange: send to rank+1, receive from rank-1 in a group (over deepspeed.comm
+under DeepSpeed, torch.distributed otherwise: see comm.py).
 
 The ring follows the group's rank order. With the launcher's node-major numbering, all
 hops but one per node stay inside a node (NVLink), so the inter-node links carry one block
@@ -8,16 +9,11 @@ from typing import List, Sequence
 
 import torch
 import torch.distributed as torch_dist
-from deepspeed import comm as dist
+
+from .comm import comm_library
 
 TIMEOUT_HINT = ("A peer process died or raised; see its log. Waits are bounded by the process group's "
                 "timeout: deepspeed.init_distributed(timeout=timedelta(...)) or DEEPSPEED_TIMEOUT.")
-
-
-def ensure_deepspeed_comm() -> None:
-    """Let deepspeed.comm drive a process group that the user created with torch.distributed."""
-    if not dist.is_initialized():
-        dist.init_distributed(dist_backend=torch_dist.get_backend(), auto_mpi_discovery=False, verbose=False)
 
 
 class RingError(RuntimeError):
@@ -28,7 +24,7 @@ class Ring:
     """Positions of this process in ``group`` and the two neighbours' global ranks."""
 
     def __init__(self, group=None):
-        ensure_deepspeed_comm()
+        self.comm = comm_library()
         self.group = group if group is not None else torch_dist.group.WORLD
         self.ranks: List[int] = torch_dist.get_process_group_ranks(self.group)
         self.size = len(self.ranks)
@@ -53,9 +49,10 @@ class Ring:
 
         Each side posts its messages in the same order (NCCL matches in order per peer;
         gloo matches by tag, so every message kind gets its own tag)."""
-        ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag + i) for i, t in enumerate(sends)]
-        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, tag + i) for i, t in enumerate(recvs)]
-        return dist.batch_isend_irecv(ops) if ops else []
+        comm = self.comm
+        ops = [comm.P2POp(comm.isend, t, self.next, self.group, tag + i) for i, t in enumerate(sends)]
+        ops += [comm.P2POp(comm.irecv, t, self.prev, self.group, tag + i) for i, t in enumerate(recvs)]
+        return comm.batch_isend_irecv(ops) if ops else []
 
     def wait(self, requests, what: str, step: int) -> None:
         try:
@@ -68,7 +65,7 @@ class Ring:
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+            self.comm.all_reduce(tensor, op=self.comm.ReduceOp.SUM, group=self.group)
         except Exception as err:
             raise RingError(f"infcl_ds ring: rank {self.rank} failed in the all-reduce: {err}. {TIMEOUT_HINT}") from err
         return tensor

@@ -1,7 +1,13 @@
 """Refit the planner's measured constants from an `infcl-ds bench train` run, and check them.
 
     python -m infcl_ds.plan.calibrate [--train docs/benchmarks/train.json] [--fit-batch 65536]
+    python -m infcl_ds.plan.calibrate --write [--loss docs/benchmarks/loss.json]
     python -m infcl_ds.plan.calibrate --check docs/benchmarks/planner_check.json
+
+--write: write the fit into the package data the planner reads (infcl_ds/calibration/):
+loss_rates.json from --loss, and the fitted row's model's entries in encoder_rates.json and
+activations.json (other models' entries are kept). Run from a checkout; the files ship in
+the wheel.
 
 --check: the planner, with the constants in the code, against the peaks measured in
 configurations it was NOT fitted on (launch/bench_planner_check.sh): allocated peak against
@@ -23,14 +29,16 @@ import sys
 from pathlib import Path
 
 from ..config import load_recipe
-from ..resources import resource
 from . import memory as mem
 from .encoders import ACTIVATION_CALIBRATION, estimate_model
 from .plan import make_plan
-from .timing import MEASURED_ENCODER_RATES, KernelRates
+from .timing import MEASURED_ENCODER_RATES, KernelRates, loss_rates_calibration
 
 MIB = 1 << 20
-TRAIN = resource("docs", "benchmarks", "train.json")
+# The benchmark JSON of a checkout (docs/benchmarks/), the default inputs.
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+TRAIN = BENCHMARKS / "train.json"
+CALIBRATION = Path(__file__).resolve().parents[1] / "calibration"
 
 
 def row_recipe(row: dict, meta: dict):
@@ -93,6 +101,30 @@ def check_recorded(path=PLANNER_CHECK) -> list:
     return out
 
 
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out: Path = CALIBRATION) -> None:
+    """The package data the planner reads: the kernel rates of ``loss_path`` and the fitted
+    row's encoder rate and activation factor (rounded to 4 decimals)."""
+    _write_json(out / "loss_rates.json", loss_rates_calibration(json.loads(Path(loss_path).read_text()),
+                                                                Path(loss_path).name))
+    where = (f"{row['source_file']}, B={row['B']} row ({row['model']}, chunk {row['chunk']}, "
+             f"{row['world']} x {meta.get('device', '?')})")
+    encoders = json.loads((out / "encoder_rates.json").read_text())
+    encoders["models"][row["model"]] = {"samples": row["local"], "encode_s": row["encode_s"],
+                                        "reencode_s": row["reencode_s"], "source": where}
+    _write_json(out / "encoder_rates.json", encoders)
+    activations = json.loads((out / "activations.json").read_text())
+    checkpointing = bool(row.get("grad_checkpointing", False))
+    fits = [f for f in activations["fits"] if (f["model"], f["grad_checkpointing"]) != (row["model"], checkpointing)]
+    fits.append({"model": row["model"], "grad_checkpointing": checkpointing, "factor": round(fitted["factor"], 4),
+                 "source": where})
+    activations["fits"] = fits
+    _write_json(out / "activations.json", activations)
+
+
 def print_check(path) -> None:
     print("| configuration | allocator | B | measured allocated | predicted | error | device in use | "
           "predicted total | error |")
@@ -111,6 +143,9 @@ def main(argv=None) -> int:
     p.add_argument("--train", default=str(TRAIN), help="train.json of `infcl-ds bench train`")
     p.add_argument("--fit-batch", type=int, default=65536, help="the global batch of the row fitted")
     p.add_argument("--check", default=None, metavar="FILE", help="compare with a planner-check run instead")
+    p.add_argument("--write", action="store_true", help="write the fit into infcl_ds/calibration/")
+    p.add_argument("--loss", default=str(BENCHMARKS / "loss.json"), help="loss.json of `infcl-ds bench loss` (--write)")
+    p.add_argument("--out", default=str(CALIBRATION), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.check:
         print_check(args.check)
@@ -121,8 +156,13 @@ def main(argv=None) -> int:
     if not fitted:
         print(f"no measured infcl_ds row with B={args.fit_batch} in {args.train}", file=sys.stderr)
         return 2
-    row = fitted[0]
+    train = Path(args.train).resolve()
+    shown = train.relative_to(BENCHMARKS.parents[1]) if train.is_relative_to(BENCHMARKS.parents[1]) else train.name
+    row = dict(fitted[0], source_file=str(shown))
     f = fit(row, meta, rates)
+    if args.write:
+        write_calibration(row, meta, f, Path(args.loss), Path(args.out))
+        print(f"wrote {args.out}/loss_rates.json, encoder_rates.json, activations.json")
     model = row["model"]
     in_code = MEASURED_ENCODER_RATES.get(model)
     print(f"fit on B={row['B']:,} ({model}, chunk {row['chunk']}, {row['world']} x {meta.get('device', '?')}):")
@@ -141,7 +181,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["B"]):
         c = check(r, meta, rates)
-        role = "fit" if r is row else "check"
+        role = "fit" if r["B"] == row["B"] else "check"
         print(f"| {c['B']:,} | {c['local']:,} | {role} | {c['peak_mib']:,.0f} MiB | {c['pred_peak_mib']:,.0f} MiB | "
               f"{c['pred_peak_mib'] / c['peak_mib'] - 1:+.2%} | {c['step_s']:.2f} s | {c['pred_step_s']:.2f} s | "
               f"{c['pred_step_s'] / c['step_s'] - 1:+.1%} |")

@@ -25,6 +25,7 @@ backward's transient buffers, allocator rounding).
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from ..resources import read_json
 from .errors import PlanError
 
 # Saved values per token of one layer, in the compute dtype: 8 of width h and 2 of the MLP
@@ -37,21 +38,20 @@ LSE_BYTES_PER_HEAD = 4
 # With activation checkpointing (open_clip checkpoints each block) a layer keeps its input only.
 CHECKPOINT_VALUES_H = 1
 
-# Measured activation bytes over the counted ones, per (model, grad_checkpointing). Fitted
-# on ONE configuration: docs/benchmarks/train.json, the B = 65,536 row (ViT-B-16 at 224 px,
-# bf16, ZeRO-2, chunk 256, 2 x H200, torch 2.11, open_clip's default attention): the
-# re-encode phase's torch.cuda.max_memory_allocated, 20,283.1 MiB, less the planner's other
-# encoder-pass components (parameters 285.4, optimizer states 856.1, fp32 gradient sum
-# 570.8, cached feature gradients 64.0 MiB: 1,776.3 MiB), leaves 18,506.9 MiB of activations
-# against 18,242.1 MiB counted (chunk 256 x 74,719,808 B): x1.0145, the backward's transient
-# buffers and allocator rounding. The B = 262,144 and 1,048,576 rows are the check
-# (docs/planner.md). `python -m infcl_ds.plan.calibrate` redoes the fit.
+# Measured activation bytes over the counted ones, per (model, grad_checkpointing): the
+# backward's transient buffers and allocator rounding (package data, calibration/activations.json,
+# refitted by `python -m infcl_ds.plan.calibrate --write`). ViT-B-16's is fitted on ONE
+# configuration, docs/benchmarks/train.json's B = 65,536 row (ViT-B-16 at 224 px, bf16, ZeRO-2,
+# chunk 256, 2 x H200): the re-encode phase's measured peak less the planner's other
+# encoder-pass components, over the counted activations of one chunk. The B = 262,144 and
+# 1,048,576 rows are the check (docs/planner.md).
+_ACTIVATIONS = read_json("calibration", "activations.json")
 ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {
-    ("ViT-B-16", False): 1.0145,
-}
-# Any other model, or checkpointing on: the ViT-B-16 factor, transferred, not measured.
-DEFAULT_ACTIVATION_CALIBRATION = ACTIVATION_CALIBRATION[("ViT-B-16", False)]
-CALIBRATION_SOURCE = "docs/benchmarks/train.json, B=65536 row (ViT-B-16, chunk 256, 2 x H200)"
+    (fit["model"], fit["grad_checkpointing"]): fit["factor"] for fit in _ACTIVATIONS["fits"]}
+# Any other model, or checkpointing on: the default model's factor, transferred, not measured.
+DEFAULT_ACTIVATION_CALIBRATION = ACTIVATION_CALIBRATION[(_ACTIVATIONS["default_model"], False)]
+CALIBRATION_SOURCE = next(fit["source"] for fit in _ACTIVATIONS["fits"]
+                          if (fit["model"], fit["grad_checkpointing"]) == (_ACTIVATIONS["default_model"], False))
 
 
 def activation_calibration(name: str, checkpointing: bool) -> Tuple[float, bool]:

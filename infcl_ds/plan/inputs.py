@@ -8,14 +8,12 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..config import Recipe
+from ..resources import read_json
 from .memory import DEFAULT_IMAGE_BYTES
 
-# Decodes + open_clip's train transform (RandomResizedCrop to 224, bicubic) per second per
-# decode process while a step trains, on JPEG shards of 256-384 px at quality 90 (`infcl-ds data
-# photos`): 14 processes on an H200 machine's 16-core host delivered 2,765/s in a ViT-B-32 step
-# at a 64k batch (a lone process decodes 296/s: the pool shares the cores with the rank's own
-# threads and data workers). docs/benchmarks/data.json, docs/training.md.
-DECODE_RATE_PER_WORKER = 200.0
+# Decodes per second per decode process while a step trains (PIL, open_clip's train transform,
+# JPEG shards of 256-384 px): measured, with its source, in calibration/decode_rates.json.
+DECODE_RATE_PER_WORKER = float(read_json("calibration", "decode_rates.json")["pil_per_process"])
 # Shards read to measure the stored image size (their headers only: a few ms each).
 SHARDS_SAMPLED = 4
 

@@ -212,7 +212,7 @@ def _problem(plan: Plan) -> Tuple[str, str]:
 
 
 def _with(recipe: Recipe, section: str, **changes) -> Recipe:
-    return dataclasses.replace(recipe, **{section: dataclasses.replace(getattr(recipe, section), **changes)})
+    return recipe.model_copy(update={section: getattr(recipe, section).model_copy(update=changes)})
 
 
 def _largest_below(value: int, fits: Callable[[int], bool]) -> Optional[int]:

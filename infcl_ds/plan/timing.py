@@ -9,8 +9,9 @@ re-encode  every chunk again with grad, forward and backward (with activation
 optimizer  one step on the rank's partition: measured at 0.03-0.04 s for ViT-B-16 on 2 GPUs
            (docs/benchmarks/train.json), under 0.2% of those steps; not modelled.
 
-Encoders: for a model in MEASURED_ENCODER_RATES, the seconds per sample per GPU that
-`infcl-ds bench train` measured for the encode and re-encode phases (bf16; fp32 models at
+Encoders: for a model in MEASURED_ENCODER_RATES (infcl_ds/calibration/encoder_rates.json), the
+seconds per sample per GPU that `infcl-ds bench train` measured for the encode and re-encode
+phases (bf16; fp32 models at
 FP32_ENCODER_SLOWDOWN times that). For any other model, or with --encoder-tflops, the
 passes' FLOPs (1 forward, then 3: forward + a backward of twice the forward; 4 with
 checkpointing) at an effective rate per GPU: DEFAULT_ENCODER_TFLOPS, ViT-B-16's measured
@@ -19,7 +20,8 @@ rate, unless one is given.
 Loss: the effective work of the bidirectional loss is 8 B^2 D FLOPs (docs/benchmarks.md:
 forward 2 B^2 D, backward 6 B^2 D), split evenly over W GPUs by the ring, each running W
 blocks of b x b (b = B / W) at the rate ``infcl-ds bench loss`` measured for the nearest D
-and block size (docs/benchmarks/loss.json, one H200). Per hop a rank computes one block while
+and block size (infcl_ds/calibration/loss_rates.json: the infcl_ds rows of
+docs/benchmarks/loss.json, one H200). Per hop a rank computes one block while
 the next one travels: forward the text block (features' dtype) and its column statistics,
 backward the block again, its statistics and an fp32 partial gradient. A hop takes the
 longer of the two; all ranks move in step, so the slowest link in the ring sets it (the
@@ -32,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..resources import resource
+from ..resources import read_json
 from .encoders import ModelEstimate
 from .errors import PlanError
 from .memory import DTYPE_BYTES
 
-MEASURED_RATES = resource("docs", "benchmarks", "loss.json")
 
 @dataclass(frozen=True)
 class EncoderRate:
@@ -58,22 +59,14 @@ class EncoderRate:
         return self.reencode_s / self.samples
 
 
-# Measured encoder rates, by open_clip model name. Fitted on ONE configuration: the
-# B = 65,536 row of docs/benchmarks/train.json (`bash launch/bench_gpu.sh train --model
-# ViT-B-16 --batch 64k,256k,1m --chunk 256 --impl infcl_ds`: 2 x H200, bf16, ZeRO-2,
-# chunk 256, torch 2.11, open_clip's eager ViT with F.scaled_dot_product_attention, fused
-# torch AdamW; each phase the slower rank's). The 262,144 and 1,048,576 rows are the check
-# (docs/planner.md). Not measured: other chunk sizes, other GPUs (an H100's lower memory
-# bandwidth slows eager open_clip's elementwise kernels), activation checkpointing.
+# Measured encoder rates, by open_clip model name, with where each was measured (package data,
+# refitted by `python -m infcl_ds.plan.calibrate --write`). ViT-B-16's is fitted on ONE
+# configuration, the B = 65,536 row of docs/benchmarks/train.json (2 x H200, bf16, ZeRO-2,
+# chunk 256); its 262,144 and 1,048,576 rows are the check (docs/planner.md). Not measured:
+# other chunk sizes, other GPUs (an H100's lower memory bandwidth slows eager open_clip's
+# elementwise kernels), activation checkpointing.
 MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
-    "ViT-B-16": EncoderRate(samples=32768, encode_s=5.4314727783203125, reencode_s=15.730368614196777,
-                            source="docs/benchmarks/train.json, B=65536 row (2 x H200, chunk 256)"),
-    # launch/bench_planner_check.sh l14, expandable segments: 1 x H200, chunk 128, ZeRO-2;
-    # 4 x 175.3 GFLOP x 8,192 samples in 17.65 s = 325 TFLOP/s (ViT-B-16's 254 transferred
-    # had predicted this step 24% long). The B=4096 row of the same run agrees within 0.3%.
-    "ViT-L-14": EncoderRate(samples=8192, encode_s=4.481525421142578, reencode_s=13.167746543884277,
-                            source="docs/benchmarks/planner_check.json, ViT-L-14 B=8192 row (1 x H200, chunk 128)"),
-}
+    name: EncoderRate(**entry) for name, entry in read_json("calibration", "encoder_rates.json")["models"].items()}
 # ZeRO-3 gathers every layer's parameters before its forward and again for its backward, for
 # every chunk: ViT-B-16 at chunk 256 on ONE H200 took 2.71x the encoder time of ZeRO-2
 # (docs/benchmarks/planner_check.json, zero3 rows: 28.7 s against 10.6 s predicted for
@@ -82,7 +75,7 @@ ZERO3_ENCODER_SLOWDOWN = 2.7
 # Models not measured: ViT-B-16's effective rate there, 4 x 41.09 GFLOP x 32,768 samples in
 # 21.16 s = 254 TFLOP/s per GPU (2 FLOPs per multiply-add; 127 T multiply-adds/s), transferred.
 # Larger models' bigger matrix products likely run faster, so this likely overstates their
-# step time. (Before the measurement the planner assumed 400.)
+# step time.
 DEFAULT_ENCODER_TFLOPS = 254.0
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
@@ -103,20 +96,21 @@ class KernelRates:
     source: str
 
     @classmethod
-    def load(cls, path=MEASURED_RATES) -> "KernelRates":
+    def load(cls, path=None) -> "KernelRates":
+        """The shipped rates (calibration/loss_rates.json), or those of a benchmark file
+        written by `infcl-ds bench loss --out FILE` (--rates FILE)."""
+        if path is None:
+            return cls.from_calibration(read_json("calibration", "loss_rates.json"))
         path = Path(path)
         if not path.is_file():
             raise PlanError(f"plan: measured kernel rates not found at {path} (write them with "
                             "`infcl-ds bench loss --out FILE` and pass --rates FILE)")
-        data = json.loads(path.read_text())
-        rows = tuple((r["dtype"], r["D"], r["B"], r["tflops_eff"] * 1e12) for r in data["rows"]
-                     if r.get("impl") == "infcl_ds" and r.get("status") == "measured" and r.get("tflops_eff"))
-        if not rows:
-            raise PlanError(f"plan: {path} has no measured infcl_ds rows")
-        phases = data.get("meta", {}).get("phases")
-        fraction = phases["forward_ms"] / phases["total_ms"] if phases else 0.25  # 2 of 8 B^2 D
-        device = data.get("meta", {}).get("device", "?")
-        return cls(rows=rows, forward_fraction=fraction, source=f"{path.name} ({device})")
+        return cls.from_calibration(loss_rates_calibration(json.loads(path.read_text()), path.name))
+
+    @classmethod
+    def from_calibration(cls, data: dict) -> "KernelRates":
+        rows = tuple((r["dtype"], r["D"], r["B"], r["tflops_eff"] * 1e12) for r in data["rows"])
+        return cls(rows=rows, forward_fraction=data["forward_fraction"], source=data["source"])
 
     def rate(self, block: int, dim: int, dtype: str) -> "Rate":
         """The rate for ``dtype`` (bf16 if it was not measured) at the nearest measured D,
@@ -134,6 +128,19 @@ class KernelRates:
             t = math.log(block / b0) / math.log(b1 / b0)
             flops = f0 + t * (f1 - f0)
         return Rate(flops, rows[0][0], nearest_d, block)
+
+
+def loss_rates_calibration(benchmark: dict, name: str) -> dict:
+    """calibration/loss_rates.json from the JSON of `infcl-ds bench loss`: its measured infcl_ds
+    rows, and the forward's share of the time from its phase split (else 2 of 8 B^2 D)."""
+    rows = [{key: r[key] for key in ("dtype", "D", "B", "tflops_eff")} for r in benchmark["rows"]
+            if r.get("impl") == "infcl_ds" and r.get("status") == "measured" and r.get("tflops_eff")]
+    if not rows:
+        raise PlanError(f"plan: {name} has no measured infcl_ds rows")
+    meta = benchmark.get("meta", {})
+    phases = meta.get("phases")
+    fraction = phases["forward_ms"] / phases["total_ms"] if phases else 0.25
+    return {"source": f"{name} ({meta.get('device', '?')})", "forward_fraction": fraction, "rows": rows}
 
 
 @dataclass(frozen=True)

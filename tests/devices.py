@@ -1,0 +1,28 @@
+"""Where the tests run: the CPU (default; Triton kernels through TRITON_INTERPRET=1, gloo ranks)
+or, with INFCL_DS_TEST_DEVICE=cuda (`bash tests/run.sh --gpu`), CUDA: the kernels compiled,
+bf16 on the tensor cores, NCCL ranks one GPU each.
+
+On CUDA the references stay exact: fp32 inputs use IEEE fp32 products (EXACT, allow_tf32=False;
+the TF32 default is ~1e-3, beyond the fp32 tolerances) and cuDNN's TF32 convolutions are off."""
+import functools
+import os
+
+import torch
+
+GPU = os.environ.get("INFCL_DS_TEST_DEVICE", "cpu") == "cuda"
+DEVICE = torch.device("cuda" if GPU else "cpu")
+DIST_BACKEND = "nccl" if GPU else "gloo"
+EXACT = {"allow_tf32": False} if GPU else {}
+
+
+def exact_loss():
+    """The engine's loss with IEEE fp32 products (the default uses TF32 on CUDA)."""
+    from infcl_ds import contrastive_loss
+    return functools.partial(contrastive_loss, **EXACT)
+
+
+def setup_rank(rank: int) -> None:
+    """Per spawned rank on CUDA: its own GPU, exact fp32 convolutions."""
+    if GPU:
+        torch.cuda.set_device(rank)
+        torch.backends.cudnn.allow_tf32 = False
