@@ -92,6 +92,20 @@ def test_encoded_pixels_equal_decoded_and_both_passes_agree(shard, tokenizer, de
     assert encoded.nbytes < decoded.images.numel() + decoded.texts.numel() * 8
 
 
+def test_chunks_kept_on_the_device_are_decoded_once(shard, tokenizer):
+    """data.keep_decoded_gib: the first pass's chunks within keep_rows serve the second pass
+    from the device (the same pixels), the others are decoded again."""
+    batch = first_batch(shard, tokenizer, "encoded")
+    batch.keep_rows = 20
+    decoded = []
+    pieces = batch.decoder.pieces
+    batch.decoder.pieces = type("Counting", (), {"__getitem__": lambda self, r: decoded.append(r[0]) or pieces[r]})()
+    first, second = both_passes(batch, chunk=10)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    assert decoded == [0, 10, 20, 30, 20, 30] and not batch._kept
+
+
 def test_out_of_order_chunks_decode_in_process_to_the_same_pixels(shard, tokenizer):
     batch = first_batch(shard, tokenizer, "encoded", decode_workers=2)
     want = batch.chunk(0, 16, torch.device("cpu"))
@@ -157,30 +171,32 @@ class PixelModel(torch.nn.Module):
         return self.text(t).mean(1)
 
 
-def _engine_grads(rank, world, shard, host_batch):
+def _engine_grads(rank, world, shard, host_batch, keep_rows=0):
     from deepspeed.utils import safe_get_full_grad
     from open_clip import get_tokenizer
 
     from infcl_ds.engine import ContrastiveEngine
     batch = first_batch(shard, get_tokenizer("ViT-B-32"), host_batch, decode_workers=1,
                         local_batch=SAMPLES // world, rank=rank, world_size=world)
+    batch.keep_rows = keep_rows
     config = {"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
     model = PixelModel()
     step = ContrastiveEngine.create(model, config, 6, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                     verify_replay=True)
-    loss = step.backward(batch)
+    loss = step.forward_backward(batch)
     return {"loss": loss.item(),
             "grads": {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}}
 
 
 def test_engine_gradients_equal_for_both_host_forms(shard):
     decoded = run_ranks(_engine_grads, 2, shard, "decoded")
-    encoded = run_ranks(_engine_grads, 2, shard, "encoded")
-    for rank in range(2):
-        assert encoded[rank]["loss"] == decoded[rank]["loss"]
-        for name, want in decoded[rank]["grads"].items():
-            assert torch.equal(encoded[rank]["grads"][name], want), name
+    for keep_rows in (0, 12):  # 12: two of the four chunks kept decoded between the passes
+        encoded = run_ranks(_engine_grads, 2, shard, "encoded", keep_rows)
+        for rank in range(2):
+            assert encoded[rank]["loss"] == decoded[rank]["loss"]
+            for name, want in decoded[rank]["grads"].items():
+                assert torch.equal(encoded[rank]["grads"][name], want), (keep_rows, name)
 
 
 def test_device_decoding_draws_the_pil_paths_crops(shard, tokenizer):

@@ -54,6 +54,8 @@ class DataSection(Section):
     augment: bool = True
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
     decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
+    keep_decoded_gib: NonNegativeFloat = 0.0     # encoded: GPU memory keeping the first pass's decoded chunks
+                                                 # for the grad pass (those are decoded once per step, not twice)
     image_bytes: Optional[PositiveInt] = None    # encoded: mean stored bytes per image, for the planner
                                                  # (default: measured from the shards where readable)
 

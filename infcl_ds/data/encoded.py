@@ -144,7 +144,7 @@ class EncodedBatch:
     token ids and each row's slot index; `chunk(lo, hi, device, dtype)` as HostBatch's."""
 
     def __init__(self, pieces: Sequence[tuple], epoch: int, decoder: ChunkDecoder,
-                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD):
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, keep_rows: int = 0):
         self._blobs = [piece[0] for piece in pieces]
         sizes = [piece[1] for piece in pieces]
         self.texts = torch.cat([piece[2] for piece in pieces])
@@ -157,6 +157,11 @@ class EncodedBatch:
         self.mean, self.std = tuple(mean), tuple(std)
         self._plan: Optional[List[Tuple[int, int]]] = None  # the pieces the stream will deliver, in order
         self._stream: Optional[Iterator] = None
+        # Chunks within the first `keep_rows` rows stay decoded on their device from the first
+        # pass to the second (data.keep_decoded_gib): decoded once per step instead of twice.
+        self.keep_rows = keep_rows
+        self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
+        self._asked = set()           # chunks requested once already
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
         self._counted = set()
@@ -181,10 +186,12 @@ class EncodedBatch:
         """Queue every piece of the engine's order of requests: each pass, every chunk of
         `chunk_rows` rows in order, each chunk cut into pieces of DECODE_PIECE_ROWS."""
         n = len(self)
-        pieces = [(p, min(p + DECODE_PIECE_ROWS, hi))
-                  for lo in range(0, n, chunk_rows) for hi in [min(lo + chunk_rows, n)]
-                  for p in range(lo, hi, DECODE_PIECE_ROWS)]
-        self._plan = pieces * ENGINE_PASSES
+        chunks = [(lo, min(lo + chunk_rows, n)) for lo in range(0, n, chunk_rows)]
+
+        def pieces(chunks):
+            return [(p, min(p + DECODE_PIECE_ROWS, hi)) for lo, hi in chunks for p in range(lo, hi, DECODE_PIECE_ROWS)]
+        again = [(lo, hi) for lo, hi in chunks if hi > self.keep_rows]  # kept chunks are not decoded again
+        self._plan = pieces(chunks) + pieces(again) * (ENGINE_PASSES - 1)
         self._stream = self.decoder.stream(self._request(lo, hi) for lo, hi in list(self._plan))
 
     def _pieces(self, lo: int, hi: int) -> List[tuple]:
@@ -221,5 +228,11 @@ class EncodedBatch:
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
         """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts). Each decoded
         piece is copied as it arrives (page-locked by the pool: the copies overlap compute)."""
-        images, texts = self.decoded(lo, hi, device)
+        if (lo, hi) in self._kept:  # the second pass over a kept chunk: freed as it is served
+            images, texts = self._kept.pop((lo, hi))
+        else:
+            images, texts = self.decoded(lo, hi, device)
+            if hi <= self.keep_rows and (lo, hi) not in self._asked:
+                self._kept[(lo, hi)] = (images, texts)
+            self._asked.add((lo, hi))
         return normalize(images, self.mean, self.std, dtype), texts

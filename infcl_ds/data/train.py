@@ -35,14 +35,15 @@ class TrainData:
 
     def __init__(self, dataset, collate, *, rank: int, world_size: int,
                  local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int,
-                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, decoder: Optional[ChunkDecoder] = None):
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, decoder: Optional[ChunkDecoder] = None,
+                 keep_rows: int = 0):
         if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
             raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
                             f"worker_batch {worker_batch}")
         self.dataset, self.collate, self.workers = dataset, collate, workers
         # With a decoder the batches are EncodedBatch (images as stored, decoded per chunk);
         # without, HostBatch (decoded uint8 pixels).
-        self.decoder = decoder
+        self.decoder, self.keep_rows = decoder, keep_rows
         self.mean, self.std = tuple(mean), tuple(std)  # the model's normalisation, applied per chunk
         self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
         self.worker_batch = min(worker_batch, local_batch)
@@ -78,7 +79,8 @@ class TrainData:
     def _assemble(self, pieces):
         if self.decoder is not None:
             pieces = list(pieces)
-            return EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std), sum(p[4] for p in pieces)
+            return (EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std, self.keep_rows),
+                    sum(p[4] for p in pieces))
         return self._assemble_decoded(pieces)
 
     def _assemble_decoded(self, pieces):
@@ -163,18 +165,26 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
     "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
     workers (default 2), augment (default True), worker_batch (samples per worker task,
-    default 256), host_batch ("encoded", the default, or "decoded"), decode_workers (encoded
-    only: PIL decode processes per rank, default 2; open_clip's exact pixels). Configuration errors raise DataError here."""
+    default 256), host_batch ("encoded", the default, or "decoded"); encoded only:
+    decode_workers (PIL decode processes per rank, default 2; open_clip's exact pixels) and
+    keep_decoded_gib (GPU memory keeping decoded chunks from the first pass to the second). Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     host_batch = spec.get("host_batch", "encoded")
     if host_batch not in HOST_BATCHES:
         raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
+    keep_rows = 0
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
         decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2))
+        keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
     else:
         dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
     return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                      drop_last=drop_last, workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256),
-                     mean=mean, std=std, decoder=decoder)
+                     mean=mean, std=std, decoder=decoder, keep_rows=keep_rows)
+
+
+def kept_rows(gib: float, image_size: int) -> int:
+    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib)."""
+    return int(gib * 2 ** 30) // (3 * image_size ** 2)

@@ -1,7 +1,8 @@
 """The input side of a plan with encoded host batches: bytes per stored image, and whether the
 decode processes keep up with the step.
 
-An encoded local batch is decoded once per engine pass, twice per step, so a rank needs
+An encoded local batch is decoded once per engine pass, twice per step (less the chunks kept
+decoded on the GPU between the passes, data.keep_decoded_gib), so a rank needs up to
 2 x local batch / step decodes per second from its data.decode_workers processes.
 """
 from dataclasses import dataclass
@@ -57,9 +58,11 @@ class InputRate:
         return int(-(-self.needed // DECODE_RATE_PER_WORKER))
 
 
-def input_rate(recipe: Recipe, local_batch: int, compute_s: float) -> InputRate:
+def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
+    """Decodes a step needs: every row in the first pass, and again in the second unless its
+    chunk was kept decoded on the GPU (`kept_rows`, data.keep_decoded_gib)."""
     workers = recipe.data.decode_workers
     # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps).
     available = max(workers, 1) * DECODE_RATE_PER_WORKER
-    return InputRate(needed=2 * local_batch / compute_s if compute_s > 0 else 0.0, available=available,
-                     workers=workers)
+    decodes = 2 * local_batch - kept_rows
+    return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers)

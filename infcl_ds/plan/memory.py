@@ -55,6 +55,7 @@ ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
 ACTIVATIONS, FEATURES, FEATURE_GRADS, LOSS_BUFFERS = ("activations (one chunk)", "cached features",
                                                       "cached feature gradients", "loss and ring buffers")
 ENCODER_PASS, REDUCTION, LOSS = "encoder pass", "reduction", "loss"
+PIXELS_KEPT = "decoded chunks kept for the grad pass"
 _THROUGHOUT = (PARAMS, OPTIM, RUNTIME)
 
 
@@ -170,8 +171,11 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
         FEATURES: feature_bytes(local, model.embed_dim, elem),
         FEATURE_GRADS: feature_bytes(local, model.embed_dim, elem),
         LOSS_BUFFERS: loss_bytes(local, model.embed_dim, elem, world),
+        PIXELS_KEPT: kept_pixel_rows(recipe, local, model.image_size) * 3 * model.image_size ** 2,
     })
-    always = _THROUGHOUT + ((ZERO_BUFFERS,) if stage >= 3 else ())
+    # Decoded chunks kept from the first pass to the second fill up during the first, and are
+    # freed one by one during the second: counted whole throughout.
+    always = _THROUGHOUT + ((ZERO_BUFFERS,) if stage >= 3 else ()) + (PIXELS_KEPT,)
     feature_grads = () if recipe.batch.offload_features else (FEATURE_GRADS,)
     across_chunks = GRAD_SUM if components[GRAD_SUM] else GRADS
     encoder = always + (across_chunks, ACTIVATIONS) + feature_grads
@@ -212,6 +216,15 @@ def decode_pool_bytes(model, recipe: Recipe) -> int:
     from ..data.encoded import DECODE_PIECE_ROWS, DECODE_PREFETCH
     pieces = max(recipe.data.decode_workers, 1) * DECODE_PREFETCH
     return 2 * pieces * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + recipe.data.decode_workers * DECODE_WORKER_RESERVE
+
+
+def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
+    """Rows of the local batch decoded once per step (data.keep_decoded_gib): whole chunks."""
+    if recipe.data.host_batch == "decoded":
+        return 0
+    from ..data.train import kept_rows
+    rows = min(local, kept_rows(recipe.data.keep_decoded_gib, image_size))
+    return rows if rows == local else rows - rows % recipe.batch.chunk
 
 
 def input_samples_held(local: int, workers: int, worker_batch: int) -> int:

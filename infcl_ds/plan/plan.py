@@ -149,7 +149,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
                 gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes, gpu=gpu, host=host,
                 time=time, limits=tuple(limits), image_bytes=image_bytes, image_bytes_source=image_bytes_source,
-                inputs=input_rate(recipe, local, time.total) if recipe.data.host_batch == "encoded" else None)
+                inputs=(input_rate(recipe, local, time.total, mem.kept_pixel_rows(recipe, local, model.image_size))
+                        if recipe.data.host_batch == "encoded" else None))
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,

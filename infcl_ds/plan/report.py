@@ -66,7 +66,10 @@ def _host_line(plan: Plan) -> str:
              f"{pieces:,} samples prefetched by {data.workers} data workers) x {form}")
     if plan.inputs is not None:
         rate = plan.inputs
-        lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank (each sample twice per step), "
+        kept = plan.gpu.components.get(mem.PIXELS_KEPT, 0) // (3 * plan.model.image_size ** 2)
+        twice = (f"each sample in both passes but the {kept:,} kept decoded on the GPU" if kept
+                 else "each sample twice per step")
+        lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank ({twice}), "
                   f"{rate.available:,.0f} available from {rate.workers} decode processes at the measured "
                   f"{rate.available / max(rate.workers, 1):,.0f} per process")
         if rate.binds:
