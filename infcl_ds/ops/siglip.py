@@ -82,20 +82,16 @@ def _siglip_tile_kernel(
     logits = x * s + bias
     if HAS_DIAG:
         positive = offs_m[:, None] == offs_n[None, :] + diag_offset
-        u = tl.where(positive, logits, -logits)
     else:
-        u = -logits
+        positive = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int1)
+    u = tl.where(positive, logits, -logits)
     e = tl.exp2(tl.abs(u) * -1.4426950408889634)
     # log1p(e): series below 1/16 (truncation < e^7/7, 1e-8 relative), log2 above.
     series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (0.2 - e * 0.16666666666666666)))))
     log1p_e = tl.where(e < 0.0625, series, tl.log2(1.0 + e) * 0.6931471805599453)
     loss = tl.where(valid, tl.maximum(-u, 0.0) + log1p_e, 0.0)
     sig = tl.fdiv(tl.where(u >= 0, e, 1.0), 1.0 + e)  # sigmoid(-u)
-    if HAS_DIAG:
-        g = tl.where(positive, -sig, sig)
-    else:
-        g = sig
-    g = tl.where(valid, g, 0.0)
+    g = tl.where(valid, tl.where(positive, -sig, sig), 0.0)
     pid = pid_m * tl.num_programs(1) + pid_n
     tl.store(PART + pid * 3, tl.sum(tl.sum(loss, 1), 0))
     tl.store(PART + pid * 3 + 1, tl.sum(tl.sum(g * x, 1), 0))
