@@ -24,6 +24,7 @@ class ModelSection:
     name: str = "infcl-tiny"                     # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     seed: int = 0                                # initial weights and everything random
+    loss: str = "clip"                           # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Recipe:
 
 # YAML spells the global batch `global` (a Python keyword, hence the field's name).
 _YAML_ALIASES = {"global": "global_size"}
-_CHOICES = {("data", "source"): ("webdataset", "csv", "synthetic"), ("precision", "dtype"): ("bf16", "fp32"),
+_CHOICES = {("model", "loss"): ("clip", "siglip"), ("data", "source"): ("webdataset", "csv", "synthetic"), ("precision", "dtype"): ("bf16", "fp32"),
             ("zero", "stage"): (0, 1, 2, 3)}
 
 
