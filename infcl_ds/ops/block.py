@@ -147,7 +147,8 @@ def walk_g_tiles(a, b, fill, total: torch.Tensor, coef: float, *, diag: bool,
     width = panel or panel_width(n_a, n_b, a.shape[1], g_bytes)
     height = rows or panel_rows(n_a, min(width, n_b), g_bytes)
     with_grads = grad_a is not None
-    g_shape = (min(height, n_a), min(width, n_b)) if with_grads else (0, 0)
+    # Without gradients a 1-element scratch stands in for G (a kernel argument must point somewhere).
+    g_shape = (min(height, n_a), min(width, n_b)) if with_grads else (1, 1)
     g_buf = torch.empty(g_shape, device=a.device, dtype=g_dtype)
     sliced = with_grads and height < n_a and grad_b.dtype != torch.float32
     b_sum = torch.empty((min(width, n_b), b.shape[1]), device=a.device, dtype=torch.float32) if sliced else None
