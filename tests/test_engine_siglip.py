@@ -119,3 +119,21 @@ def test_loss_and_model_must_agree():
     plain.logit_bias = None
     with pytest.raises(ValueError, match="needs a model with a logit_bias"):
         ContrastiveEngine.create(plain, {}, CHUNK, loss="siglip")
+
+
+def test_recipe_key_model_loss():
+    from infcl_ds.config.recipe import RecipeError, load_recipe
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes" / "tiny-cpu-siglip.yaml"
+    assert load_recipe(path).model.loss == "siglip"
+    assert load_recipe(overrides=[]).model.loss == "clip"
+    with pytest.raises(RecipeError, match="model.loss must be one of"):
+        load_recipe(path, overrides=["model.loss=softmax"])
+
+
+def test_siglip_models_get_a_bias_and_siglip_init():
+    from infcl_ds.models import create_model, loss_of_state_dict
+    model = create_model("infcl-tiny", seed=0, loss="siglip")
+    assert abs(model.logit_scale.item() - math.log(10)) < 1e-6 and model.logit_bias.item() == -10.0
+    assert loss_of_state_dict(model.state_dict()) == "siglip"
+    assert create_model("infcl-tiny", seed=0).logit_bias is None
