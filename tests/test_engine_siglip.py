@@ -1,5 +1,5 @@
 """The engine with the sigmoid loss (loss="siglip"): a chunked step on 2 gloo ranks equals a
-single-process, unchunked, plain-PyTorch step on the whole global batch with the float64-free
+single-process, unchunked, plain-PyTorch step on the whole global batch with the
 textbook sigmoid loss over the B x B logits: full gradients (logit_bias included) to 1e-5
 relative and the parameters after 3 SGD steps, for ZeRO 0, 2 and 3; a model whose forward
 returns (image, text, scale, bias) like open_clip's SigLIP, and one with encoders only."""
