@@ -17,7 +17,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .models import create_model, state_dict_shapes
+from .models import create_model, loss_of_state_dict, state_dict_shapes
 
 CHECKPOINTS = "checkpoints"
 RECIPE = "recipe.yaml"
@@ -73,9 +73,10 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None) -
     run's open_clip model: a tensor whose element count matches a fresh model's entry is
     reshaped to it, which undoes DeepSpeed's [1]-shaped scalars."""
     tag_dir = resolve_tag_dir(checkpoint_dir, tag)
-    shapes = state_dict_shapes(run_model_name(tag_dir))
+    raw = _raw_state_dict(tag_dir)
+    shapes = state_dict_shapes(run_model_name(tag_dir), loss=loss_of_state_dict(raw))
     state_dict = {}
-    for key, value in _raw_state_dict(tag_dir).items():
+    for key, value in raw.items():
         shape = shapes.get(key)
         state_dict[key] = value.reshape(shape) if shape is not None and shape.numel() == value.numel() else value
     return state_dict
@@ -92,8 +93,9 @@ def export(checkpoint_dir, out_path, tag: Optional[str] = None) -> Dict[str, tor
 
 def load_exported(path, name: str) -> torch.nn.Module:
     """The ``name`` open_clip model with an exported state dict loaded (strict), in eval mode."""
-    model = create_model(name)
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    model = create_model(name, loss=loss_of_state_dict(state_dict))
+    model.load_state_dict(state_dict, strict=True)
     return model.eval()
 
 

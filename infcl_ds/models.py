@@ -1,6 +1,7 @@
 """The models the trainer builds: open_clip's architectures plus the tiny ones shipped in
 ``model_configs/`` (CPU tests and the quickstart). Models are always created from scratch
 (``pretrained=None``), so nothing is ever downloaded."""
+import math
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -18,26 +19,43 @@ def register_tiny_configs() -> None:
         open_clip.add_model_config(CONFIG_DIR)
 
 
-def create_model(name: str, *, seed: Optional[int] = None) -> torch.nn.Module:
+LOSSES = ("clip", "siglip")
+# The sigmoid loss's initial logit scale and bias (SigLIP paper; open_clip's --siglip).
+SIGLIP_INIT = {"init_logit_scale": math.log(10.0), "init_logit_bias": -10.0}
+
+
+def create_model(name: str, *, seed: Optional[int] = None, loss: str = "clip") -> torch.nn.Module:
     """A randomly initialised open_clip model, in fp32 on the CPU. With ``seed`` the
-    initialisation is reproducible and the caller's global RNG state is left untouched."""
+    initialisation is reproducible and the caller's global RNG state is left untouched.
+    loss="siglip": the model gets a ``logit_bias`` and SigLIP's initial scale and bias
+    (log 10 and -10, as open_clip's training does with --siglip), whatever the architecture."""
     import open_clip
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     register_tiny_configs()
+    kwargs = dict(SIGLIP_INIT) if loss == "siglip" else {}
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         # pretrained_text=False: an HF text tower would otherwise fetch its base weights.
-        return open_clip.create_model(name, pretrained=None, pretrained_text=False)
+        return open_clip.create_model(name, pretrained=None, pretrained_text=False, **kwargs)
 
 
-def state_dict_shapes(name: str) -> Dict[str, torch.Size]:
-    """The shape of every state-dict entry of a fresh ``name`` model, built on the meta
-    device: no memory and no initialisation cost, even for the largest architectures."""
+def state_dict_shapes(name: str, loss: str = "clip") -> Dict[str, torch.Size]:
+    """The shape of every state-dict entry of a fresh ``name`` model (``loss`` as for
+    create_model), built on the meta device: no memory and no initialisation cost, even for
+    the largest architectures."""
     import open_clip
     register_tiny_configs()
+    kwargs = dict(SIGLIP_INIT) if loss == "siglip" else {}
     with torch.device("meta"):
-        model = open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta")
+        model = open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta", **kwargs)
     return {key: value.shape for key, value in model.state_dict().items()}
+
+
+def loss_of_state_dict(state_dict) -> str:
+    """The loss a model was trained with, from its weights: SigLIP models carry a logit_bias."""
+    return "siglip" if "logit_bias" in state_dict else "clip"
 
 
 def model_info(model: torch.nn.Module) -> dict:

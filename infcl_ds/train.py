@@ -57,7 +57,7 @@ class Trainer:
         self.run_dir = Path(recipe.output_dir)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         seed_everything(recipe.model.seed)
-        model = create_model(recipe.model.name)
+        model = create_model(recipe.model.name, loss=recipe.model.loss)
         if recipe.model.grad_checkpointing:
             model.set_grad_checkpointing(True)
         self.info = model_info(model)
@@ -69,7 +69,7 @@ class Trainer:
         self.step_engine = ContrastiveEngine.create(
             model.to(self.device), build_deepspeed_config(recipe, self.world), recipe.batch.chunk,
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
-            grad_accum_fp32=recipe.precision.grad_accum_fp32)
+            grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss)
         self.data = self._train_data()
         self.eval_data = self._eval_data()
         self.step = 0

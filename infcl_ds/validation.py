@@ -23,17 +23,7 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
         raise ValueError(f"device mismatch: image_features on {image.device}, text_features on {text.device}")
     if image.dtype != text.dtype:
         raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
-    if not isinstance(logit_scale, torch.Tensor):
-        try:
-            logit_scale = torch.tensor(float(logit_scale), device=image.device)
-        except (TypeError, ValueError):  # a ValueError, like every other bad input: raised on every rank
-            raise ValueError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__}") from None
-    if logit_scale.numel() != 1:
-        raise ValueError(f"logit_scale must be a 0-dim or 1-element tensor, got shape {tuple(logit_scale.shape)}")
-    if not logit_scale.is_floating_point():
-        raise ValueError(f"logit_scale must be floating point, got {logit_scale.dtype}")
-    if logit_scale.device != image.device:
-        raise ValueError(f"device mismatch: logit_scale on {logit_scale.device}, features on {image.device}")
+    logit_scale = as_scalar_tensor("logit_scale", logit_scale, image.device)
     if check_finite:
         # One fused reduction and one host sync: far cheaper than the loss itself, and a
         # NaN caught here names its source instead of surfacing as a NaN loss later.
@@ -43,3 +33,27 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
             if is_bad:
                 raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
     return logit_scale
+
+
+def as_scalar_tensor(name: str, value, device: torch.device) -> torch.Tensor:
+    """A number or 1-element floating tensor on ``device`` as a tensor (ValueError otherwise)."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.tensor(float(value), device=device)
+        except (TypeError, ValueError):  # a ValueError, like every other bad input: raised on every rank
+            raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}") from None
+    if value.numel() != 1:
+        raise ValueError(f"{name} must be a 0-dim or 1-element tensor, got shape {tuple(value.shape)}")
+    if not value.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got {value.dtype}")
+    if value.device != device:
+        raise ValueError(f"device mismatch: {name} on {value.device}, features on {device}")
+    return value
+
+
+def check_logit_bias(logit_bias, device: torch.device, check_finite: bool = True) -> torch.Tensor:
+    """Validate the sigmoid loss's bias like the scale; return it as a tensor on ``device``."""
+    logit_bias = as_scalar_tensor("logit_bias", logit_bias, device)
+    if check_finite and not bool(torch.isfinite(logit_bias.detach()).all()):
+        raise ValueError("logit_bias contains NaN or Inf (pass check_finite=False to skip this check)")
+    return logit_bias

@@ -35,3 +35,16 @@ def random_features(n, d, dtype, seed, normalise=True):
     if normalise:
         x = F.normalize(x, dim=1)
     return x.to(DEVICE, dtype)
+
+
+def siglip_loss_reference(image, text, scale, bias):
+    """Sigmoid loss and (d_image, d_text, d_scale, d_bias) in float64 over the B x B logits."""
+    image = image.detach().double().requires_grad_()
+    text = text.detach().double().requires_grad_()
+    scale = scale.detach().double().reshape(()).requires_grad_()
+    bias = bias.detach().double().reshape(()).requires_grad_()
+    logits = scale * image @ text.T + bias
+    z = 2 * torch.eye(image.shape[0], dtype=torch.float64, device=image.device) - 1
+    loss = -F.logsigmoid(z * logits).sum() / image.shape[0]
+    loss.backward()
+    return loss.detach(), image.grad, text.grad, scale.grad, bias.grad

@@ -8,6 +8,7 @@ rows above ``--inf-cl-max-batch`` are extrapolated from its largest measured bat
 rate is flat in B), marked ``"status": "extrapolated"``.
 """
 import argparse
+import sys
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -128,6 +129,9 @@ def parse_sizes(text: str) -> List[int]:
 
 
 def main(argv=None):
+    from . import siglip
+    if siglip.wants_siglip(sys.argv[1:] if argv is None else argv):
+        return siglip.main_loss(argv)
     p = argparse.ArgumentParser(prog="infcl-ds bench loss", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="16k,64k,256k,1m", help="global batch sizes (k = 1024, m = 1024^2)")
@@ -144,6 +148,8 @@ def main(argv=None):
     p.add_argument("--out", default="docs/benchmarks/loss.json")
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--phases", default="", help="B:D:dtype for a forward/backward time split, e.g. 256k:768:bf16")
+    p.add_argument("--loss", default="clip", choices=["clip", "siglip"],
+                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (infcl_ds/bench/siglip.py)")
     args = p.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -9,6 +9,7 @@ rate counts 8 B^2 D / W per GPU. inf-cl rows above --inf-cl-max-batch are extrap
 (time ~ B^2) from its largest measured batch.
 """
 import argparse
+import sys
 import math
 from pathlib import Path
 
@@ -135,6 +136,9 @@ def _worker(rank, world, args, port, ident):
 
 
 def main(argv=None):
+    from . import siglip
+    if siglip.wants_siglip(sys.argv[1:] if argv is None else argv):
+        return siglip.main_ring(argv)
     p = argparse.ArgumentParser(prog="infcl-ds bench ring", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
@@ -147,6 +151,8 @@ def main(argv=None):
     p.add_argument("--long-row-seconds", type=float, default=5.0)
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU same-work rows")
     p.add_argument("--out", default="docs/benchmarks/ring.json")
+    p.add_argument("--loss", default="clip", choices=["clip", "siglip"],
+                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (infcl_ds/bench/siglip.py)")
     args = p.parse_args(argv)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)

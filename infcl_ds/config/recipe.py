@@ -36,6 +36,7 @@ class ModelSection(Section):
     name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     seed: NonNegativeInt = 0                     # initial weights and everything random
+    loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
 
 
 SYNTHETIC_SIZE = 4096

@@ -7,6 +7,8 @@
    cached feature gradients through the DeepSpeed engine. DeepSpeed averages gradients over
    the W data-parallel ranks, so feature gradients enter multiplied by W and the logit
    scale's (already the full gradient on every rank) does not (docs/semantics.md).
+   With the sigmoid loss (``loss="siglip"``) the model's ``logit_bias`` is handled like the
+   scale: its full gradient on every rank, entering once.
    Gradients are reduced once per step: ZeRO >= 1 inside `coalesce_grad_reduction()`,
    ZeRO 0 inside `no_sync()` for all chunks but the last.
 4. One optimizer step.
@@ -19,9 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from ..loss import contrastive_loss
+from ..sigmoid_loss import siglip_loss
 from .grad_sum import Fp32GradSum
 from .inputs import TensorBatch
 from .phases import PhaseMeter
+
+
+LOSSES = ("clip", "siglip")
 
 
 def _rng_state(device):
@@ -41,9 +47,13 @@ class ContrastiveEngine:
 
     def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
                  verify_replay: bool = False, offload_features: bool = False, grad_accum_fp32: bool = True,
-                 loss_fn=None, profile: bool = False):
+                 loss_fn=None, profile: bool = False, loss: str = "clip"):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        # "clip": loss_fn(image, text, scale, group); "siglip": loss_fn(image, text, scale, bias, group).
+        self.loss = loss
         self.engine = ds_engine
         self.chunk_size = chunk_size
         # Cached features and their gradients wait in pinned host memory during the encoder
@@ -51,7 +61,7 @@ class ContrastiveEngine:
         self.offload_features = offload_features
         self.grad_accum_fp32 = grad_accum_fp32
         # The global loss: the ring by default; benchmarks swap in inf-cl's or OpenCLIP's.
-        self.loss_fn = loss_fn or contrastive_loss
+        self.loss_fn = loss_fn or (siglip_loss if loss == "siglip" else contrastive_loss)
         # Per-phase time and peak memory of the last step (off: no synchronisation).
         self.phases = PhaseMeter(enabled=profile)
         # Debug aid: check that each re-encoded chunk reproduces its cached features (dropout,
@@ -65,17 +75,23 @@ class ContrastiveEngine:
 
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
-               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, **ds_kwargs):
+               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, loss="clip", **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, build the engine, wrap it."""
         import deepspeed
 
         from .params import mark_zero3_leaf_modules, promote_scalar_parameters
+        has_bias = getattr(model, "logit_bias", None) is not None
+        if has_bias != (loss == "siglip"):
+            raise ValueError("the sigmoid loss needs a model with a logit_bias (create_model(name, loss='siglip'))"
+                             if loss == "siglip" else
+                             "this model has a logit_bias (a SigLIP model): train it with loss='siglip' "
+                             "(recipe key model.loss)")
         promote_scalar_parameters(model)
         if config.get("zero_optimization", {}).get("stage", 0) == 3:
             mark_zero3_leaf_modules(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
-                      grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile)
+                      grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile, loss=loss)
         dp = getattr(engine, "dp_world_size", wrapped.world_size)
         if dp != wrapped.world_size:
             # The feature gradients are scaled by the loss group's size to undo DeepSpeed's
@@ -104,8 +120,8 @@ class ContrastiveEngine:
         return deepspeed.zero.GatheredParameters([param], modifier_rank=0 if modify else None)
 
     def _encode(self, images, texts):
-        """Normalised image and text features, and exp(logit_scale) where the model's forward
-        gives it (else None: see ``_scale_in_graph``).
+        """Normalised image and text features, exp(logit_scale) and logit_bias where the
+        model's forward gives them (else None: see ``_scale_in_graph``).
 
         Through the model's own ``__call__`` where it has a forward (open_clip's CLIP returns
         (image, text, logit_scale.exp(), ...), or a dict with ``output_dict``): ZeRO-3 gathers
@@ -116,11 +132,11 @@ class ContrastiveEngine:
         the encoders call."""
         if type(self.model).forward is torch.nn.Module.forward:
             return (F.normalize(self.model.encode_image(images), dim=-1),
-                    F.normalize(self.model.encode_text(texts), dim=-1), None)
+                    F.normalize(self.model.encode_text(texts), dim=-1), None, None)
         out = self.model(images, texts)
         if isinstance(out, dict):
-            return out["image_features"], out["text_features"], out["logit_scale"]
-        return out[0], out[1], out[2]
+            return out["image_features"], out["text_features"], out["logit_scale"], out.get("logit_bias")
+        return out[0], out[1], out[2], (out[3] if len(out) > 3 else None)
 
     @contextmanager
     def _scale_in_graph(self, scale):
@@ -133,6 +149,15 @@ class ContrastiveEngine:
             return
         with self._full(self.model.logit_scale):
             yield self.model.logit_scale.float().exp()
+
+    @contextmanager
+    def _bias_in_graph(self, bias):
+        """logit_bias in the graph, like ``_scale_in_graph`` (None without the sigmoid loss)."""
+        if bias is not None or self.loss != "siglip":
+            yield bias
+            return
+        with self._full(self.model.logit_bias):
+            yield self.model.logit_bias.float()
 
     def _chunks(self, n):
         return [(i, min(i + self.chunk_size, n)) for i in range(0, n, self.chunk_size)]
@@ -160,11 +185,11 @@ class ContrastiveEngine:
             states, feats = self._encode_without_grad(batch, chunks, device)
         after = _rng_state(device)
         with self.phases("loss"):
-            loss, feat_grads, scale_grad = self._loss_and_feature_grads(feats, device)
+            loss, feat_grads, scalar_grads = self._loss_and_feature_grads(feats, device)
         cached = feats if self.verify_replay else None
         del feats
         with self.phases("reencode"):
-            self._reencode_with_grad(batch, chunks, states, feat_grads, scale_grad, device, cached)
+            self._reencode_with_grad(batch, chunks, states, feat_grads, scalar_grads, device, cached)
         _set_rng_state(after, device)
         return loss
 
@@ -174,7 +199,7 @@ class ContrastiveEngine:
         with torch.no_grad():
             for lo, hi in chunks:
                 states.append(_rng_state(device))
-                fi, ft, _ = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                fi, ft, *_ = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
                 if stores is None:
                     stores = (self._store(len(batch), fi), self._store(len(batch), ft))
                 stores[0][lo:hi].copy_(fi, non_blocking=True)
@@ -183,20 +208,27 @@ class ContrastiveEngine:
 
     def _loss_and_feature_grads(self, feats, device):
         """2. The global loss over all ranks (the ring), backpropagated to the cached features
-        and the logit scale only. Feature gradients are scaled by W: DeepSpeed averages."""
+        and the logit scale (and bias) only. Feature gradients are scaled by W: DeepSpeed
+        averages. Returns (loss, feature gradients, (d scale, d bias or None))."""
         img, txt = (f.to(device, non_blocking=True).requires_grad_() for f in feats)
         with self._full(self.model.logit_scale):  # ZeRO-3 holds only a shard outside forward
             scale = self.model.logit_scale.detach().float().exp().clone().requires_grad_()
-        loss = self.loss_fn(img, txt, scale, self.group)
+        if self.loss == "siglip":
+            with self._full(self.model.logit_bias):
+                bias = self.model.logit_bias.detach().float().clone().requires_grad_()
+            loss = self.loss_fn(img, txt, scale, bias, self.group)
+        else:
+            bias = None
+            loss = self.loss_fn(img, txt, scale, self.group)
         loss.backward()
         grads = []
         for f in (img, txt):
             g = f.grad.mul_(self.world_size)
             f.grad = None
             grads.append(self._store(g.shape[0], g).copy_(g, non_blocking=True) if self.offload_features else g)
-        return loss.detach(), grads, scale.grad
+        return loss.detach(), grads, (scale.grad, None if bias is None else bias.grad)
 
-    def _reencode_with_grad(self, batch, chunks, states, feat_grads, scale_grad, device, cached):
+    def _reencode_with_grad(self, batch, chunks, states, feat_grads, scalar_grads, device, cached):
         """3. Re-encode each chunk with grad (RNG replayed) and backpropagate its cached feature
         gradients; one gradient reduction per step, summed in fp32 for bf16 models."""
         stage = self.engine.zero_optimization_stage()
@@ -210,14 +242,17 @@ class ContrastiveEngine:
                     grad_sum.restore()
                 sync = nullcontext() if (stage >= 1 or last) else self.engine.no_sync()
                 with sync:
-                    fi, ft, scale = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
+                    fi, ft, scale, bias = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
                     if cached is not None:
                         self._check_replay(k, fi, cached[0][lo:hi].to(device), ft, cached[1][lo:hi].to(device))
                     gi, gt = (g[lo:hi].to(device, non_blocking=True) for g in feat_grads)
                     surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
                     if k == 0:  # d loss / d logit_scale = d loss / d s * s, counted once
-                        with self._scale_in_graph(scale) as s:
+                        scale_grad, bias_grad = scalar_grads
+                        with self._scale_in_graph(scale) as s, self._bias_in_graph(bias) as b:
                             surrogate = surrogate + (s.float() * scale_grad).sum()
+                            if bias_grad is not None:
+                                surrogate = surrogate + (b.float() * bias_grad).sum()
                             self.engine.backward(surrogate, scale_wrt_gas=False)
                     else:
                         self.engine.backward(surrogate, scale_wrt_gas=False)

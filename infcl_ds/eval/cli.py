@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..export import load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
-from ..models import create_model, get_tokenizer, model_info
+from ..models import create_model, get_tokenizer, loss_of_state_dict, model_info
 from . import evaluate, metric_label
 
 
@@ -24,8 +24,9 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
     name = run_model_name(tag_dir)
-    model = create_model(name)
-    model.load_state_dict(load_state_dict_from_checkpoint(tag_dir), strict=True)
+    state_dict = load_state_dict_from_checkpoint(tag_dir)
+    model = create_model(name, loss=loss_of_state_dict(state_dict))
+    model.load_state_dict(state_dict, strict=True)
     model.to(device)
     tokenizer = get_tokenizer(name)
     info = model_info(model)

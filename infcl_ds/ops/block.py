@@ -8,6 +8,7 @@ two GEMMs per panel.
 """
 import contextlib
 import functools
+from typing import Optional
 
 import torch
 
@@ -122,33 +123,59 @@ def block_backward(a, b, scale, row_lse, col_lse, coef: float, *, diag: bool,
     panel / rows: columns / rows per G tile (tests; default: panel_width and panel_rows).
     """
     backend = resolve_backend(backend, a.device)
+    precision = "tf32" if allow_tf32 else "ieee"
+
+    def fill(g, a_rows, b_panel, i0, j0, offset):
+        row_part = row_lse[i0:i0 + a_rows.shape[0]]
+        col_part = col_lse[j0:j0 + b_panel.shape[0]]
+        if backend == "triton":
+            return triton_grad.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset, precision)
+        return torch_panels.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset)
+
+    ds = torch.zeros((), device=a.device, dtype=torch.float64)
+    return walk_g_tiles(a, b, fill, ds, coef, diag=diag, grad_a=grad_a, grad_b=grad_b, accumulate_b=accumulate_b,
+                        backend=backend, allow_tf32=allow_tf32, panel=panel, rows=rows)
+
+
+def walk_g_tiles(a, b, fill, total: torch.Tensor, coef: float, *, diag: bool,
+                 grad_a: Optional[torch.Tensor], grad_b: Optional[torch.Tensor], accumulate_b: bool,
+                 backend: str, allow_tf32=True, panel=None, rows=None) -> torch.Tensor:
+    """Walk the block ``a @ b.T`` in G tiles (rows x panel columns) and multiply each out.
+
+    The pattern every loss here shares: a kernel turns one tile of similarities into the
+    loss's derivative G with respect to them, and two dense GEMMs carry G to the features.
+
+    fill(g, a_rows, b_panel, i0, j0, diag_offset) writes the tile's G into ``g`` and returns
+    its partial sums (any tensor); they are added into ``total``, which is returned.
+    diag_offset: None when the tile holds no positive pair, else row m pairs with tile
+    column m - diag_offset. backend: already resolved ("triton" or "torch").
+    grad_a/grad_b: as for block_backward; both None walks the tiles for ``total`` only
+    (nothing multiplied out; ``g`` may then be a scratch buffer the fill ignores).
+    """
     n_a, n_b = a.shape[0], b.shape[0]
     # Triton writes G in the features' dtype for the tensor cores; the CPU path keeps fp32.
     g_dtype = a.dtype if backend == "triton" else torch.float32
     g_bytes = g_dtype.itemsize if backend == "triton" else 12
     width = panel or panel_width(n_a, n_b, a.shape[1], g_bytes)
     height = rows or panel_rows(n_a, min(width, n_b), g_bytes)
-    g_buf = torch.empty((min(height, n_a), min(width, n_b)), device=a.device, dtype=g_dtype)
-    sliced = height < n_a and grad_b.dtype != torch.float32
+    with_grads = grad_a is not None
+    # Without gradients a 1-element scratch stands in for G (a kernel argument must point somewhere).
+    g_shape = (min(height, n_a), min(width, n_b)) if with_grads else (1, 1)
+    g_buf = torch.empty(g_shape, device=a.device, dtype=g_dtype)
+    sliced = with_grads and height < n_a and grad_b.dtype != torch.float32
     b_sum = torch.empty((min(width, n_b), b.shape[1]), device=a.device, dtype=torch.float32) if sliced else None
-    ds = torch.zeros((), device=a.device, dtype=torch.float64)
-    precision = "tf32" if allow_tf32 else "ieee"
     with _matmul_precision(allow_tf32):
         for j0 in range(0, n_b, width):
             b_panel = b[j0:j0 + width]
             n_cols = b_panel.shape[0]
             for i0 in range(0, n_a, height):
                 a_rows = a[i0:i0 + height]
-                g = g_buf[:a_rows.shape[0], :n_cols]
+                g = g_buf[:a_rows.shape[0], :n_cols] if with_grads else g_buf
                 # Row i0 + m pairs with column i0 + m, i.e. panel column m - (j0 - i0).
                 offset = j0 - i0 if diag and _crosses_diagonal(i0, a_rows.shape[0], j0, n_cols) else None
-                row_part = row_lse[i0:i0 + height]
-                col_part = col_lse[j0:j0 + width]
-                if backend == "triton":
-                    part = triton_grad.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset, precision)
-                else:
-                    part = torch_panels.grad_panel(a_rows, b_panel, scale, row_part, col_part, g, offset)
-                ds += part
+                total += fill(g, a_rows, b_panel, i0, j0, offset)
+                if not with_grads:
+                    continue
                 gemm_into(grad_a[i0:i0 + height], g, b_panel, coef, accumulate=True)
                 if sliced:
                     gemm_into(b_sum[:n_cols], g.T, a_rows, coef, accumulate=i0 > 0)
@@ -157,7 +184,7 @@ def block_backward(a, b, scale, row_lse, col_lse, coef: float, *, diag: bool,
             if sliced:
                 out = grad_b[j0:j0 + width]
                 out.add_(b_sum[:n_cols]) if accumulate_b else out.copy_(b_sum[:n_cols])
-    return ds
+    return total
 
 
 def _crosses_diagonal(i0: int, n_rows: int, j0: int, n_cols: int) -> bool:

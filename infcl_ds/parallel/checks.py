@@ -17,8 +17,11 @@ _DEVICE_CODES = {"cpu": 0, "cuda": 1}
 
 
 def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
-                       local_error: Optional[str]) -> List[int]:
-    """Return the local batch sizes in group order, or raise ValueError on every rank."""
+                       local_error: Optional[str], bias: Optional[torch.Tensor] = None,
+                       loss_name: str = "contrastive_loss") -> List[int]:
+    """Return the local batch sizes in group order, or raise ValueError on every rank.
+
+    bias: the sigmoid loss's logit bias, checked to agree like the scale (None: no bias)."""
     ok = local_error is None
     row = torch.tensor([
         0.0 if ok else 1.0,
@@ -27,6 +30,7 @@ def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scal
         float(_DTYPE_CODES.get(image.dtype, -1)) if ok else -1.0,
         float(_DEVICE_CODES.get(image.device.type, -1)) if ok else -1.0,
         float(scale.detach().reshape(())) if ok else 0.0,
+        float(bias.detach().reshape(())) if ok and bias is not None else 0.0,
     ], dtype=torch.float64, device=ring.device)
     table = torch.zeros((ring.size, row.numel()), dtype=torch.float64, device=row.device)
     table[ring.pos] = row
@@ -34,14 +38,14 @@ def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scal
     if any(r[0] for r in rows):
         messages = [None] * ring.size
         ring.comm.all_gather_object(messages, local_error, group=ring.group)
-        raise ValueError("contrastive_loss: bad input on " + "; ".join(
+        raise ValueError(f"{loss_name}: bad input on " + "; ".join(
             f"rank {ring.ranks[i]}: {m}" for i, m in enumerate(messages) if m))
-    names = {"width D": 2, "dtype": 3, "device type": 4, "logit_scale": 5}
+    names = {"width D": 2, "dtype": 3, "device type": 4, "logit_scale": 5, "logit_bias": 6}
     for what, col in names.items():
         values = [r[col] for r in rows]
         if len(set(values)) > 1:
             per_rank = ", ".join(f"rank {ring.ranks[i]}: {_describe(col, v)}" for i, v in enumerate(values))
-            raise ValueError(f"contrastive_loss: {what} differs across ranks ({per_rank})")
+            raise ValueError(f"{loss_name}: {what} differs across ranks ({per_rank})")
     return [int(r[1]) for r in rows]
 
 

@@ -1,0 +1,67 @@
+"""Public API: the exact sigmoid (SigLIP) loss over a (possibly distributed) batch.
+
+    loss = siglip_loss(image_features, text_features, logit_scale, logit_bias, group=None)
+
+The sum over all pairs (i, j) of the global batch of -log sigmoid(z_ij (s x_i.y_j + b)),
+z = +1 for a positive pair (same index), -1 otherwise, divided by the global batch size;
+``logit_scale`` is the multiplier s (open_clip's ``logit_scale.exp()``), ``logit_bias`` the
+bias b. Gradients are those of one process holding the whole batch (docs/semantics.md).
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .loss import _group_size
+from .ops import SigLipOptions, TiledSigLipLoss
+from .validation import check_features, check_logit_bias
+
+
+def siglip_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale, logit_bias,
+                group=None, *, check_finite: bool = True, allow_tf32: bool = True, backend: str = "auto",
+                panel: Optional[int] = None, panel_rows: Optional[int] = None) -> torch.Tensor:
+    """Sigmoid loss of the global batch; never materialises the B x B logits.
+
+    Args:
+        image_features, text_features: [b, D], fp32/bf16/fp16, same device (CUDA or CPU).
+        logit_scale: the multiplier s; logit_bias: the bias b. Each a number or a 0-dim or
+            1-element tensor (may require grad).
+        group: process group; None is the default group when torch.distributed is
+            initialised. Over several ranks: the exact loss of the concatenated batch (group
+            order) by a ring over deepspeed.comm; every rank returns it, each rank gets the
+            gradients of its own features, and the scale and bias gradients are the full
+            ones on every rank.
+        check_finite, allow_tf32, backend, panel, panel_rows: as for contrastive_loss.
+
+    The gradients are computed together with the loss (one sweep over the tiles) whenever
+    an input requires grad; backward only scales them.
+    """
+    options = SigLipOptions(backend=backend, allow_tf32=allow_tf32, panel=panel, panel_rows=panel_rows)
+    if _group_size(group) == 1:
+        scale = check_features(image_features, text_features, logit_scale, check_finite)
+        bias = check_logit_bias(logit_bias, image_features.device, check_finite)
+        return TiledSigLipLoss.apply(image_features, text_features, scale, bias, options)
+
+    from .parallel import Ring, RingSigLipLoss, check_across_ranks
+    ring = Ring(group)
+    # Local problems are shared before any rank raises, so that no peer is left waiting.
+    try:
+        scale = check_features(image_features, text_features, logit_scale, check_finite)
+        bias = check_logit_bias(logit_bias, image_features.device, check_finite)
+        error = None
+    except ValueError as err:
+        scale, bias, error = torch.zeros(()), torch.zeros(()), str(err)
+    sizes = check_across_ranks(ring, image_features, text_features, scale, error, bias=bias, loss_name="siglip_loss")
+    return RingSigLipLoss.apply(image_features, text_features, scale, bias, options, ring, sizes)
+
+
+class SigmoidLoss(nn.Module):
+    """``nn.Module`` around :func:`siglip_loss` (keyword options fixed at construction)."""
+
+    def __init__(self, group=None, **options):
+        super().__init__()
+        self.group = group
+        self.options = options
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias):
+        return siglip_loss(image_features, text_features, logit_scale, logit_bias, self.group, **self.options)
