@@ -395,15 +395,19 @@ def test_encoded_host_memory_from_the_shards_bytes(tmp_path, rates):
 def test_decoding_rate_binds_the_step(rates, capsys):
     """2 x local batch / step decodes per second per rank; too few decode processes make the
     planned step the decoding time, and the report says how many would do."""
-    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2"])
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2", "data.keep_decoded_gib=0"])
     plan = make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates)
     rate = plan.inputs
     assert rate.needed == pytest.approx(2 * 524_288 / plan.time.total) and rate.binds
     assert plan.step_seconds == pytest.approx(plan.time.total * rate.needed / rate.available)
     assert main(["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--gpus", "1", "--gpu-memory", "139GiB",
-                 "--host-memory", "128GiB", "--set", "data.decode_workers=2"]) == 0
+                 "--host-memory", "128GiB", "--set", "data.decode_workers=2", "--set", "data.keep_decoded_gib=0"]) == 0
     out = capsys.readouterr().out
     assert f"set data.decode_workers={rate.workers_needed()}" in out
+    # Chunks kept decoded on the GPU between the passes are decoded once: the recipe keeps all.
+    kept = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml"), 1, 139 * GIB, 1, 128 * GIB, rates=rates)
+    assert kept.inputs.needed == pytest.approx(524_288 / kept.time.total)
+    assert kept.gpu.components[mem.PIXELS_KEPT] == 524_288 * 3 * 224 ** 2 and kept.fits
     # Decoded host batches of 524,288 need more than the 128 GiB host: refused.
     decoded = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.host_batch=decoded"]), 1, 139 * GIB, 1,
                         128 * GIB, rates=rates)
