@@ -61,7 +61,7 @@ def _engine_run(rank, world, stage, kind):
               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
     step = ContrastiveEngine.create(model, config, CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
                                     loss="siglip")
-    out = {"loss": step.backward(*local).item()}
+    out = {"loss": step.forward_backward(*local).item()}
     out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
     step.engine.step()
     step._clamp_logit_scale(math.log(100.0))
