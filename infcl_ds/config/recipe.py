@@ -96,6 +96,13 @@ class EvalSection:
     batch_size: int = 256
 
 
+# issue 16 (reliability): the collective timeout as a recipe key.
+@dataclass
+class DistributedSection:
+    timeout: Optional[float] = None              # minutes a rank waits on a peer (any positive number);
+                                                 # default: DEEPSPEED_TIMEOUT, else 30
+
+
 @dataclass
 class Recipe:
     output_dir: str = "runs/default"
@@ -109,6 +116,7 @@ class Recipe:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)  # issue 16
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,6 +240,15 @@ def _validate(recipe: Recipe) -> None:
                           f"got {recipe.schedule.warmup_steps}")
     if recipe.optimizer.lr <= 0 or recipe.optimizer.grad_clip < 0:
         raise RecipeError("recipe: optimizer.lr must be > 0 and optimizer.grad_clip >= 0")
+    timeout = recipe.distributed.timeout  # issue 16: Optional[float], so not type-checked by _check_type
+    if timeout is not None:
+        try:
+            minutes = float(timeout) if not isinstance(timeout, bool) else float("nan")
+        except (TypeError, ValueError):
+            minutes = float("nan")
+        if not 0 < minutes < float("inf"):
+            raise RecipeError(f"recipe: distributed.timeout must be a positive number of minutes, got {timeout!r}")
+        recipe.distributed.timeout = minutes
     if recipe.data.source != "synthetic" and not recipe.data.train:
         raise RecipeError(f"recipe: data.train is required for data.source={recipe.data.source}")
 
