@@ -14,7 +14,7 @@ full one on every rank, is left alone. See docs/semantics.md.
 import torch
 from torch import nn
 
-from .loss import _group_size, contrastive_loss
+from .loss import _group_size, check_loss_options, contrastive_loss
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -53,6 +53,7 @@ class ClipLoss(nn.Module):
         super().__init__()
         if use_horovod:
             raise ValueError("infcl_ds.ClipLoss: use_horovod=True is not supported (torch.distributed only)")
+        check_loss_options(options, "infcl_ds.ClipLoss")
         self.world_size = world_size
         self.group = group
         self.options = options

@@ -1,7 +1,10 @@
 """Input checks for the public loss: every bad input is a ValueError that names the problem."""
+import numbers
+
 import torch
 
 FEATURE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FEATURE_DEVICES = ("cuda", "cpu")
 
 
 def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_finite: bool = True) -> torch.Tensor:
@@ -21,13 +24,18 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
         raise ValueError(f"empty features: shape {tuple(image.shape)}")
     if image.device != text.device:
         raise ValueError(f"device mismatch: image_features on {image.device}, text_features on {text.device}")
+    if image.device.type not in FEATURE_DEVICES:  # meta tensors have no values to compute with
+        raise ValueError(f"features on device {image.device}; supported: {', '.join(FEATURE_DEVICES)}")
     if image.dtype != text.dtype:
         raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
     if not isinstance(logit_scale, torch.Tensor):
-        try:
-            logit_scale = torch.tensor(float(logit_scale), device=image.device)
-        except (TypeError, ValueError):  # a ValueError, like every other bad input: raised on every rank
-            raise ValueError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__}") from None
+        # A real number only: float() would also take the string "100" and True.
+        # A ValueError, like every other bad input: raised on every rank.
+        if not isinstance(logit_scale, numbers.Real) or isinstance(logit_scale, bool) or \
+                type(logit_scale).__name__ == "bool_":
+            raise ValueError(f"logit_scale must be a number or a tensor, got {type(logit_scale).__name__} "
+                             f"{logit_scale!r}")
+        logit_scale = torch.tensor(float(logit_scale), device=image.device)
     if logit_scale.numel() != 1:
         raise ValueError(f"logit_scale must be a 0-dim or 1-element tensor, got shape {tuple(logit_scale.shape)}")
     if not logit_scale.is_floating_point():

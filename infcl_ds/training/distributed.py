@@ -11,7 +11,9 @@ others fail instead of holding the allocation: it is the default process group's
 through torch's default, that of every group created later (DeepSpeed's ZeRO data-parallel
 groups would otherwise get torch's 30 minutes); NCCL's watchdog tears a timed-out process
 down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``). ``infcl_ds.train`` turns the timeout error into one
-line naming the rank and what it was doing, exit status 3.
+line naming the rank and what it was doing, exit status 3. Joining the job is the exception:
+ranks start with some skew (imports, DeepSpeed's JIT builds), so the rendezvous waits up to
+``max(timeout, JOIN_TIMEOUT_MIN)`` for every rank to arrive.
 """
 import math
 import os
@@ -45,6 +47,7 @@ def fill_env_from_launcher() -> None:
 
 
 DEFAULT_TIMEOUT_MIN = 30.0
+JOIN_TIMEOUT_MIN = 10.0
 TIMEOUT_EXIT_CODE = 3  # a collective timed out: a peer is stopped, wedged or dead
 _env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
 
@@ -107,7 +110,9 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     if cuda:
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s or collective_timeout_s())
-    _timeout_for_later_groups(timeout)
+    join = max(timeout, timedelta(minutes=JOIN_TIMEOUT_MIN))
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
-                               timeout=timeout, verbose=False)
+                               timeout=join, verbose=False)
+    torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
+    _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
