@@ -304,6 +304,18 @@ def _collective_failure(err: BaseException) -> bool:
         word in text for word in ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "gloo"))
 
 
+def _one_line(err: BaseException) -> str:
+    """The error's own message on one line; for an error re-raised from a data-loader worker
+    (whose message carries the worker's traceback) the original error's last line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if "Original Traceback" in str(err):
+        last = lines[-1]
+        return last.split(": ", 1)[1] if last.startswith(f"{type(err).__name__}: ") else last
+    return " ".join(lines)
+
+
 def _exit_now(code: int) -> None:
     """Leave at once: tearing the process group down would wait on the peer that failed."""
     sys.stdout.flush()
@@ -311,10 +323,20 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _report_collective_failure(err: BaseException, rank, phase: str, recipe: Recipe) -> None:
+    """One line naming this rank, what it was doing and the failed operation; exit 3 at once."""
+    from .training.distributed import TIMEOUT_EXIT_CODE, collective_timeout_s
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
+          f"{collective_timeout_s(recipe.distributed.timeout) / 60:g} min): a peer rank is stopped, wedged or "
+          f"dead, see its log. {first}", file=sys.stderr)
+    _exit_now(TIMEOUT_EXIT_CODE)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     use_expandable_segments()
     args = parse_args(argv)
-    from .training.distributed import TIMEOUT_EXIT_CODE, collective_timeout_s, make_timeout_env_importable
+    from .training.distributed import make_timeout_env_importable
     try:
         make_timeout_env_importable()  # before deepspeed is imported
         recipe = load_recipe(args.config, args.set)
@@ -326,25 +348,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
                           allow_recipe_change=args.allow_recipe_change)
-    except _user_errors() as err:
+    except _user_errors() as err:  # found by every rank alike, before any work: a plain return
         print(f"infcl-ds train: {err}", file=sys.stderr)
         return USER_ERROR_EXIT
+    except Exception as err:  # noqa: BLE001 - a peer that failed while the engine was built
+        if not _collective_failure(err):
+            raise
+        _report_collective_failure(err, os.environ.get("RANK", "?"), "start-up", recipe)
     try:
         trainer.run()
-    except _user_errors() as err:
-        print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: {err}", file=sys.stderr)
-        _exit_now(USER_ERROR_EXIT)
-    except OSError as err:  # a full disk or a vanished file system outside a checkpoint save
-        print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: {err}", file=sys.stderr)
+    except _user_errors() + (OSError,) as err:  # OSError: a full disk or a vanished file system
+        print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: {_one_line(err)}", file=sys.stderr)
         _exit_now(USER_ERROR_EXIT)
     except Exception as err:  # noqa: BLE001 - collective failures become one line; the rest propagates
         if not _collective_failure(err):
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: a collective failed or timed out (timeout "
-              f"{collective_timeout_s(recipe.distributed.timeout) / 60:g} min): a peer rank is stopped, wedged or "
-              f"dead, see its log. {first}", file=sys.stderr)
-        _exit_now(TIMEOUT_EXIT_CODE)
+        _report_collective_failure(err, trainer.rank, trainer.phase, recipe)
     if trainer.rank == 0:
         print(f"train time: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

@@ -405,3 +405,23 @@ def test_double_backward_is_refused_clearly():
     loss = contrastive_loss(image, text, 10.0)
     (grad,) = torch.autograd.grad(loss, image)
     assert grad.shape == image.shape and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_shard_of_unusable_samples_is_one_line_not_a_traceback(tmp_path, workers):
+    import io
+    import tarfile
+    shard = tmp_path / "bad-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i in range(32):
+            for suffix, data in ((".jpg", b"not an image"), (".txt", f"caption {i}".encode())):
+                info = tarfile.TarInfo(f"{i:06d}{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    overrides = ["data.source=webdataset", f"data.train={shard}", f"data.workers={workers}",
+                 f"output_dir={tmp_path / 'run'}"]
+    assert wait_all(start_ranks(1, overrides, log_dir=tmp_path), timeout=300) == [2]
+    log = (tmp_path / "rank0.log").read_text()
+    lines = [line for line in log.splitlines() if line.startswith("infcl-ds train:")]
+    assert len(lines) == 1 and "rank 0, step 1:" in lines[0] and "are all unusable" in lines[0], log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
