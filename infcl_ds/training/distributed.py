@@ -13,7 +13,9 @@ groups would otherwise get torch's 30 minutes); NCCL's watchdog tears a timed-ou
 down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``). ``infcl_ds.train`` turns the timeout error into one
 line naming the rank and what it was doing, exit status 3. Joining the job is the exception:
 ranks start with some skew (imports, DeepSpeed's JIT builds), so the rendezvous waits up to
-``max(timeout, JOIN_TIMEOUT_MIN)`` for every rank to arrive.
+``max(timeout, JOIN_TIMEOUT_MIN)`` for every rank to arrive. On gloo the group is created here,
+on a store made with that longer wait, because gloo's point-to-point receives (the ring's)
+wait for the timeout the group was created with, whatever ``set_timeout`` says later.
 """
 import math
 import os
@@ -94,6 +96,16 @@ def _timeout_for_later_groups(timeout: timedelta) -> None:
     distributed_c10d.default_pg_nccl_timeout = timeout
 
 
+def _join_gloo(timeout: timedelta, join: timedelta) -> None:
+    """The default gloo group with the collective ``timeout``, after a rendezvous on a store
+    that waits up to ``join`` for every rank."""
+    from torch.distributed.rendezvous import rendezvous
+    # torch's own env:// rendezvous (MASTER_ADDR/PORT, torchrun's agent store), only with a longer wait.
+    store, rank, world = next(rendezvous("env://", rank=int(os.environ["RANK"]),
+                                         world_size=int(os.environ["WORLD_SIZE"]), timeout=join))
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs) with the collective timeout
     (``collective_timeout_s()`` unless given); returns this rank's device."""
@@ -111,6 +123,8 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s or collective_timeout_s())
     join = max(timeout, timedelta(minutes=JOIN_TIMEOUT_MIN))
+    if not cuda and not torch.distributed.is_initialized():
+        _join_gloo(timeout, join)  # deepspeed.comm then drives this group
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
                                timeout=join, verbose=False)
     torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
