@@ -107,9 +107,9 @@ def test_hostile_pickle_refused_on_resume_export_and_eval(trained, tmp_path, cap
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("infcl-ds")]
         assert len(err) == 2 and all("refused" in line and FILES[kind] in line for line in err), err
         assert not marker.exists() and not (tmp_path / "m.pt").exists()
-        # The plant is live: the unpickler torch.load used by default before 2.6, and by
-        # DeepSpeed still, runs it.
-        torch.load(tag_dir / FILES[kind], weights_only=False)
+        # The plant is live: --trust-checkpoint (the full unpickler, which DeepSpeed uses by
+        # itself) runs it.
+        assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt"), "--trust-checkpoint"]) == 0
         assert marker.exists()
         marker.unlink()
         for path, data in saved.items():
@@ -425,3 +425,16 @@ def test_a_shard_of_unusable_samples_is_one_line_not_a_traceback(tmp_path, worke
     lines = [line for line in log.splitlines() if line.startswith("infcl-ds train:")]
     assert len(lines) == 1 and "rank 0, step 1:" in lines[0] and "are all unusable" in lines[0], log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_export_and_eval_name_a_missing_path_in_one_line(trained, tmp_path, capsys):
+    from infcl_ds.eval.cli import main as eval_main
+    from infcl_ds.export import main as export_main
+    run_dir, _, _ = trained
+    assert export_main(["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "m.pt")]) == 2
+    assert capsys.readouterr().err.strip() == f"infcl-ds export: no checkpoint directory {tmp_path / 'nope'}"
+    assert eval_main(["--checkpoint", str(tmp_path / "nope"), "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"infcl-ds eval: no checkpoint directory {tmp_path / 'nope'}"
+    assert eval_main(["--checkpoint", str(run_dir), "--data", str(tmp_path / "no_split")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("infcl-ds")]
+    assert len(err) == 1 and "no_split" in err[0], err
