@@ -241,12 +241,16 @@ def test_first_step_has_a_nonzero_rate_and_moves_the_weights(tmp_path):
     assert lr_ratio(21, 40, 20, 0.0) == 1.0 and lr_ratio(40, 40, 20, 0.0) > 0
 
 
-def test_stopped_peer_ends_the_job_within_the_timeout(tmp_path):
-    # Two gloo ranks, a one-minute timeout; rank 1 is stopped mid-run. Rank 0 must leave
-    # within the timeout plus 30 s, with one line naming itself and its step.
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL needs two GPUs"))])
+def test_stopped_peer_ends_the_job_within_the_timeout(tmp_path, backend):
+    # Two ranks, a one-minute timeout; rank 1 is stopped mid-run. Rank 0 must leave within the
+    # timeout plus 30 s. gloo: one line naming itself, its step and the operation, status 3.
+    # NCCL: its watchdog names the rank and operation and tears the process down.
     run = tmp_path / "run"
     procs = start_ranks(2, [f"output_dir={run}", "schedule.steps=100000", "distributed.timeout=1",
-                            "checkpoint.every=0"], log_dir=tmp_path)
+                            "checkpoint.every=0"], log_dir=tmp_path,
+                        accelerator="cpu" if backend == "gloo" else "cuda")
     try:
         deadline = time.monotonic() + 400  # start-up can include DeepSpeed's JIT build of its shm op
         while time.monotonic() < deadline and not (run / "metrics.csv").is_file():
@@ -264,6 +268,9 @@ def test_stopped_peer_ends_the_job_within_the_timeout(tmp_path):
                 p.wait()
     log = (tmp_path / "rank0.log").read_text()
     assert waited < 60 + 30, waited
+    if backend == "nccl":
+        assert code != 0 and "Rank 0" in log and "timeout" in log.lower(), log[-3000:]
+        return
     assert code == 3, log[-3000:]
     line = next(l for l in log.splitlines() if l.startswith("infcl-ds train: rank 0, step"))
     assert "a collective failed or timed out (timeout 1 min)" in line, line
