@@ -102,18 +102,22 @@ def test_hostile_pickle_refused_on_resume_export_and_eval(trained, tmp_path, cap
     for kind in ("model_states", "optim_states"):  # what export and eval read
         saved = {p: p.read_bytes() for p in tag_dir.iterdir()}
         _plant(tag_dir / FILES[kind], marker)
-        assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt")]) == 2
-        assert eval_main(["--checkpoint", str(run_dir), "--data", str(tmp_path)]) == 2
-        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("infcl-ds")]
-        assert len(err) == 2 and all("refused" in line and FILES[kind] in line for line in err), err
-        assert not marker.exists() and not (tmp_path / "m.pt").exists()
-        # The plant is live: --trust-checkpoint (the full unpickler, which DeepSpeed uses by
-        # itself) runs it.
-        assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt"), "--trust-checkpoint"]) == 0
-        assert marker.exists()
-        marker.unlink()
-        for path, data in saved.items():
-            path.write_bytes(data)
+        try:
+            assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt")]) == 2
+            assert eval_main(["--checkpoint", str(run_dir), "--data", str(tmp_path)]) == 2
+            err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("infcl-ds")]
+            assert len(err) == 2 and all("refused" in line and FILES[kind] in line for line in err), err
+            assert not marker.exists() and not (tmp_path / "m.pt").exists()
+            # The plant is live: --trust-checkpoint (the full unpickler, which DeepSpeed uses by
+            # itself) runs it.
+            assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt"),
+                                "--trust-checkpoint"]) == 0
+            assert marker.exists()
+        finally:
+            marker.unlink(missing_ok=True)
+            (tmp_path / "m.pt").unlink(missing_ok=True)
+            for path, data in saved.items():
+                path.write_bytes(data)
     # The intact checkpoint exports.
     assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "m.pt")]) == 0
 
