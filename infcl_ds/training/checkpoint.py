@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from .atomic import atomic_write_bytes
 from .manifest import verify, write_manifest
 from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weights_only
 
@@ -37,19 +38,6 @@ RECIPE = "recipe.yaml"
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():  # a failed write leaves no temporary file behind
-            tmp.unlink()
 
 
 def rng_state() -> Dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
+from .atomic import atomic_write_bytes
 from .safe_load import CheckpointError
 
 MANIFEST = "manifest.json"
@@ -37,7 +38,6 @@ def build_manifest(tag_dir: Path, recipe_sha256: str) -> Dict:
 
 
 def write_manifest(tag_dir: Path, recipe_sha256: str) -> None:
-    from .checkpoint import atomic_write_bytes
     manifest = build_manifest(tag_dir, recipe_sha256)
     atomic_write_bytes(Path(tag_dir) / MANIFEST, json.dumps(manifest, indent=1).encode())
 
