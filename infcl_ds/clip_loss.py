@@ -20,7 +20,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from .loss import _group_size, contrastive_loss
+from .loss import _group_size, check_loss_options, contrastive_loss
 
 # OpenCLIP's flags whose gradients this loss reproduces (with any others it warns once).
 EQUIVALENT_FLAGS = {"local_loss": True, "gather_with_grad": True}
@@ -85,6 +85,7 @@ class ClipLoss(nn.Module):
         self.gather_with_grad = gather_with_grad
         self.cache_labels = cache_labels
         self.rank = rank
+        check_loss_options(options, "infcl_ds.ClipLoss")
         self.world_size = world_size
         self.use_horovod = use_horovod
         self.group = group

@@ -6,8 +6,9 @@ with ``checkpoints/latest`` naming the newest tag. Inside DeepSpeed the 0-dim pa
 (``logit_scale``) have shape [1] (``engine/params.py``); the export gives them back
 open_clip's shapes, so ``open_clip.create_model(name).load_state_dict(sd, strict=True)`` works.
 
-Checkpoints are read with ``weights_only=False`` (DeepSpeed pickles its config in them):
-load only checkpoints you trust.
+The tag's manifest is verified and every file is read with ``weights_only=True``
+(``training/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
+origin you trust. Problems are one line on stderr, exit status 2.
 """
 import argparse
 import contextlib
@@ -18,29 +19,30 @@ from typing import Dict, Optional
 import torch
 
 from .models import create_model, loss_of_state_dict, state_dict_shapes
+from .training.checkpoint import LATEST, resolve_tag
+from .training.manifest import MANIFEST, verify
+from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepspeed_reads_weights_only,
+                                 load_weights_only)
 
 CHECKPOINTS = "checkpoints"
 RECIPE = "recipe.yaml"
 
 
 def resolve_tag_dir(checkpoint_dir, tag: Optional[str] = None) -> Path:
-    """The ``<tag>`` directory from RUN/, RUN/checkpoints or RUN/checkpoints/<tag>;
-    without ``tag``, the one named by ``latest``."""
+    """The verified ``<tag>`` directory from RUN/, RUN/checkpoints or RUN/checkpoints/<tag>;
+    without ``tag``, the one named by ``latest``. A tag must lie inside the checkpoints
+    directory and its manifest must verify (CheckpointError naming the problem otherwise)."""
     path = Path(checkpoint_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory {path}")
     if (path / CHECKPOINTS).is_dir():
         path = path / CHECKPOINTS
-    if any(path.glob("*model_states.pt")):  # already a tag directory
+    if (path / MANIFEST).is_file() or any(path.glob("*model_states.pt")):  # already a tag directory
         if tag is not None and tag != path.name:
             raise ValueError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
+        verify(path)
         return path
-    if tag is None:
-        latest = path / "latest"
-        if not latest.is_file():
-            raise FileNotFoundError(f"no checkpoint tag in {path} and no 'latest' file naming one")
-        tag = latest.read_text().strip()
-    if not (path / tag).is_dir():
-        raise FileNotFoundError(f"no checkpoint {tag!r} in {path}")
-    return path / tag
+    return resolve_tag(path, tag or LATEST, flag="--tag")
 
 
 def run_model_name(checkpoint_dir) -> str:
@@ -54,26 +56,30 @@ def run_model_name(checkpoint_dir) -> str:
     raise FileNotFoundError(f"no {RECIPE} in {path} or the two directories above it")
 
 
-def _raw_state_dict(tag_dir: Path) -> Dict[str, torch.Tensor]:
-    """The checkpoint's weights as DeepSpeed holds them, in fp32."""
-    if any(tag_dir.glob("zero_pp_rank_*_optim_states.pt")):
+def _raw_state_dict(tag_dir: Path, trust: bool = False) -> Dict[str, torch.Tensor]:
+    """The checkpoint's weights as DeepSpeed holds them, in fp32 (files read weights-only
+    unless ``trust``)."""
+    if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")):
         # ZeRO 1-3: the fp32 master weights are partitioned over the optimizer states.
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        with contextlib.redirect_stdout(sys.stderr):  # its progress chatter stays off stdout
+        # Its progress chatter stays off stdout.
+        with contextlib.redirect_stdout(sys.stderr), deepspeed_reads_weights_only(trust):
             state_dict = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     else:
         # ZeRO 0: the whole module, in the training dtype, is in the model states.
-        states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        path = tag_dir / "mp_rank_00_model_states.pt"
+        states = torch.load(path, map_location="cpu", weights_only=False) if trust else load_weights_only(path)
         state_dict = states["module"]
     return {key: value.float() for key, value in state_dict.items()}
 
 
-def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None) -> Dict[str, torch.Tensor]:
+def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None,
+                                    trust: bool = False) -> Dict[str, torch.Tensor]:
     """The fp32 state dict of a checkpoint (see ``resolve_tag_dir``), in the shapes of the
     run's open_clip model: a tensor whose element count matches a fresh model's entry is
     reshaped to it, which undoes DeepSpeed's [1]-shaped scalars."""
     tag_dir = resolve_tag_dir(checkpoint_dir, tag)
-    raw = _raw_state_dict(tag_dir)
+    raw = _raw_state_dict(tag_dir, trust)
     shapes = state_dict_shapes(run_model_name(tag_dir), loss=loss_of_state_dict(raw))
     state_dict = {}
     for key, value in raw.items():
@@ -82,9 +88,9 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None) -
     return state_dict
 
 
-def export(checkpoint_dir, out_path, tag: Optional[str] = None) -> Dict[str, torch.Tensor]:
+def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False) -> Dict[str, torch.Tensor]:
     """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it."""
-    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag)
+    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag, trust)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state_dict, out_path)
@@ -106,9 +112,14 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
     parser.add_argument("--out", required=True, help="output file, e.g. model.pt")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
-    state_dict = export(tag_dir, args.out)
+    try:
+        tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
+        state_dict = export(tag_dir, args.out, trust=args.trust_checkpoint)
+    except (CheckpointError, FileNotFoundError, ValueError, OSError) as err:
+        print(f"infcl-ds export: {err}", file=sys.stderr)
+        return 2
     params = sum(value.numel() for value in state_dict.values())
     print(f"exported {run_model_name(tag_dir)} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}")
     return 0

@@ -24,6 +24,16 @@ def _group_size(group) -> int:
     return torch_dist.get_world_size(group)
 
 
+def check_loss_options(options: dict, owner: str) -> None:
+    """Keyword options for ``contrastive_loss`` given at a module's construction: an unknown one
+    is a ValueError there, not a TypeError at the first forward."""
+    import inspect
+    known = [name for name, p in inspect.signature(contrastive_loss).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"{owner}: unknown argument(s) {', '.join(unknown)}; loss options are {', '.join(known)}")
+
+
 def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
                      group=None, *, check_finite: bool = True, allow_tf32: bool = True,
                      backend: str = "auto", panel: Optional[int] = None,
@@ -70,6 +80,7 @@ class ContrastiveLoss(nn.Module):
 
     def __init__(self, group=None, **options):
         super().__init__()
+        check_loss_options(options, "infcl_ds.ContrastiveLoss")
         self.group = group
         self.options = options
 

@@ -5,10 +5,15 @@ and ``srun`` (see docs/multi-node.md). One optimizer step per global batch: the 
 the local batch in chunks, computes the exact loss over all ranks with the ring, re-encodes
 and steps (infcl_ds/engine/step.py). The run directory (recipe key ``output_dir``) holds the
 resolved recipe, checkpoints, metrics.csv / eval.csv / TensorBoard and metrics.png.
+
+Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data,
+output directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or
+timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step).
 """
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -18,14 +23,20 @@ from typing import List, Optional
 import torch
 
 from .config import Recipe, RecipeError, build_deepspeed_config, check_world, dump_recipe, load_recipe
+from .training.safe_load import TRUST_FLAG, TRUST_HELP, CheckpointError
 
 
 def parse_args(argv: Optional[List[str]]):
-    parser = argparse.ArgumentParser(prog="infcl-ds train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="infcl-ds train", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[2])
     parser.add_argument("--config", required=True, help="the recipe (YAML); see ds_configs/recipes/")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. --set batch.global=1024 (repeatable)")
     parser.add_argument("--resume", default=None, help="'latest' or a checkpoint tag in OUTPUT_DIR/checkpoints")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
+    parser.add_argument("--allow-recipe-change", action="store_true",
+                        help="resume although the recipe changed in a way that alters the run (schedule, batch, "
+                             "optimizer, model, data order); the changes are logged")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher (unused: LOCAL_RANK)")
     return parser.parse_args(argv)
 
@@ -42,39 +53,56 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
-    def __init__(self, recipe: Recipe, resume: Optional[str] = None):
+    def __init__(self, recipe: Recipe, resume: Optional[str] = None, trust_checkpoint: bool = False,
+                 allow_recipe_change: bool = False):
         import deepspeed.comm as dist
 
+        from .data.check import check_paths
         from .engine import ContrastiveEngine
         from .engine.optim import clip_param_groups
         from .models import create_model, get_tokenizer, model_info
-        from .training.distributed import init_distributed
+        from .training.distributed import collective_timeout_s, init_distributed
+        from .training.preflight import check_free_disk, check_output_dir, checkpoint_bytes
+        from .training.schedule import warmup_cosine
 
         self.recipe = recipe
-        self.device = init_distributed()
+        self.phase = "joining the job"  # what this rank is doing, for the one-line error of a failure
+        self.trust_checkpoint = trust_checkpoint
+        self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        check_world(recipe, self.world)  # same recipe on every rank: all raise, none hangs
-        self.run_dir = Path(recipe.output_dir)
+        self.phase = "checking the recipe, data paths, output directory and checkpoint"
+        # Everything below up to the model is checked by every rank on the same inputs: all
+        # raise alike, none is left waiting in a collective.
+        check_world(recipe, self.world)
+        check_paths(recipe.data)
+        self.run_dir = check_output_dir(recipe.output_dir, self.rank)
         self.checkpoint_dir = self.run_dir / "checkpoints"
+        self.resume_dir = self._resume_dir(resume or recipe.checkpoint.resume, allow_recipe_change)
+        self.phase = "building the model, engine and data"
         seed_everything(recipe.model.seed)
         model = create_model(recipe.model.name, loss=recipe.model.loss)
         if recipe.model.grad_checkpointing:
             model.set_grad_checkpointing(True)
+        check_free_disk(self.run_dir, checkpoint_bytes(sum(p.numel() for p in model.parameters()),
+                                                       recipe.precision.dtype))
         self.info = model_info(model)
         self.tokenizer = get_tokenizer(recipe.model.name)
         opt = recipe.optimizer
         # Decay groups on the unwrapped model: under ZeRO-3 a parameter's shape is its shard's.
         optimizer = torch.optim.AdamW(clip_param_groups(model, opt.weight_decay), lr=opt.lr,
                                       betas=tuple(opt.betas), eps=opt.eps)
+        schedule = warmup_cosine(optimizer, recipe.schedule.steps, recipe.schedule.warmup_steps,
+                                 recipe.schedule.min_lr_ratio)
         self.step_engine = ContrastiveEngine.create(
             model.to(self.device), build_deepspeed_config(recipe, self.world), recipe.batch.chunk,
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
-            grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss)
+            grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule)
         self.data = self._train_data()
         self.eval_data = self._eval_data()
         self.step = 0
-        if resume or recipe.checkpoint.resume:
-            self._resume(resume or recipe.checkpoint.resume)
+        if self.resume_dir is not None:
+            self.phase = f"resuming from {self.resume_dir}"
+            self._resume()
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
@@ -98,9 +126,29 @@ class Trainer:
         return build_eval_data(self.recipe.data.eval, image_size=self.info["image_size"], tokenizer=self.tokenizer,
                                batch_size=self.recipe.eval.batch_size, mean=self.info["mean"], std=self.info["std"])
 
-    def _resume(self, tag: str) -> None:
+    def _resume_dir(self, tag: Optional[str], allow_recipe_change: bool) -> Optional[Path]:
+        """The verified checkpoint to resume (None for a fresh run), read before any heavy
+        set-up: its tag inside checkpoints/, its manifest, this rank's client state
+        (weights-only) and its recipe, whose trajectory-changing keys must be unchanged."""
+        if not tag:
+            return None
         from .training import checkpoint
-        client = checkpoint.load(self.step_engine.engine, self.checkpoint_dir, tag, self.rank)
+        from .training.recipe_change import trajectory_changes
+        tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
+        checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
+        saved = tag_dir / checkpoint.RECIPE
+        changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe)) if saved.is_file() else []
+        if changes and not allow_recipe_change:
+            raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
+                                  f"({'; '.join(changes)}): refused; pass --allow-recipe-change to resume anyway")
+        if changes and self.rank == 0:
+            print(f"infcl-ds train: resuming {tag_dir.name} with recipe changes (--allow-recipe-change): "
+                  f"{'; '.join(changes)}", file=sys.stderr, flush=True)
+        return tag_dir
+
+    def _resume(self) -> None:
+        from .training import checkpoint
+        client = checkpoint.load(self.step_engine.engine, self.resume_dir, self.rank, self.trust_checkpoint)
         self.step = client["step"]
         self.data.load_state_dict(client["data"])
 
@@ -127,6 +175,7 @@ class Trainer:
         engine = self.step_engine.engine
         results = {}
         while self.step < r.schedule.steps:
+            self.phase = f"step {self.step + 1}"
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             loss = self.step_engine.train_step(batch)
@@ -148,11 +197,13 @@ class Trainer:
                 logger.log_step(row)
                 self._show(bar, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:
+                self.phase = f"evaluation at step {self.step}"
                 logger.log_eval(self.step, self.evaluate())
             if r.checkpoint.every and self.step % r.checkpoint.every == 0 and self.step < r.schedule.steps:
                 self._save(checkpoint)
         self._save(checkpoint)
         if self.eval_data is not None:
+            self.phase = "the final evaluation"
             results = self.evaluate()
             logger.log_eval(self.step, results)
         if bar is not None:
@@ -170,9 +221,10 @@ class Trainer:
         return results
 
     def _save(self, checkpoint) -> None:
+        self.phase = f"saving the checkpoint of step {self.step}"
         client = {"data": self.data.state_dict()}
         checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
-                        keep=self.recipe.checkpoint.keep)
+                        keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
 
     def _logit_scale(self) -> float:
         param = self.step_engine.model.logit_scale
@@ -235,22 +287,86 @@ def use_expandable_segments() -> None:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
+USER_ERROR_EXIT = 2
+
+
+def _user_errors():
+    """Errors that are the run's configuration or files, not a bug: one line, exit 2."""
+    from .data import DataError
+    from .training.preflight import StartupError
+    return RecipeError, DataError, CheckpointError, StartupError, FileNotFoundError
+
+
+def _collective_failure(err: BaseException) -> bool:
+    """A failed or timed-out collective (gloo, NCCL or the ring) rather than a bug here."""
+    from .parallel.ring import RingError
+    if isinstance(err, RingError) or type(err).__name__ in ("DistError", "DistBackendError", "DistNetworkError"):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        word in text for word in ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "gloo"))
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's own message on one line; for an error re-raised from a data-loader worker
+    (whose message carries the worker's traceback) the original error's last line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if "Original Traceback" in str(err):
+        last = lines[-1]
+        return last.split(": ", 1)[1] if last.startswith(f"{type(err).__name__}: ") else last
+    return " ".join(lines)
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once: tearing the process group down would wait on the peer that failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _report_collective_failure(err: BaseException, rank, phase: str, recipe: Recipe) -> None:
+    """One line naming this rank, what it was doing and the failed operation; exit 3 at once."""
+    from .training.distributed import TIMEOUT_EXIT_CODE, collective_timeout_s
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
+          f"{collective_timeout_s(recipe.distributed.timeout) / 60:g} min): a peer rank is stopped, wedged or "
+          f"dead, see its log. {first}", file=sys.stderr)
+    _exit_now(TIMEOUT_EXIT_CODE)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     use_expandable_segments()
     args = parse_args(argv)
+    from .training.distributed import make_timeout_env_importable
     try:
+        make_timeout_env_importable()  # before deepspeed is imported
         recipe = load_recipe(args.config, args.set)
-    except RecipeError as err:
+    except (RecipeError, ValueError) as err:
         print(f"infcl-ds train: {err}", file=sys.stderr)
-        return 2
-    from .data import DataError
+        return USER_ERROR_EXIT
     start = time.perf_counter()
+    trainer = None
     try:
-        trainer = Trainer(recipe, resume=args.resume)
-    except (RecipeError, DataError, FileNotFoundError) as err:
+        trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
+                          allow_recipe_change=args.allow_recipe_change)
+    except _user_errors() as err:  # found by every rank alike, before any work: a plain return
         print(f"infcl-ds train: {err}", file=sys.stderr)
-        return 2
-    trainer.run()
+        return USER_ERROR_EXIT
+    except Exception as err:  # noqa: BLE001 - a peer that failed while the engine was built
+        if not _collective_failure(err):
+            raise
+        _report_collective_failure(err, os.environ.get("RANK", "?"), "start-up", recipe)
+    try:
+        trainer.run()
+    except _user_errors() + (OSError,) as err:  # OSError: a full disk or a vanished file system
+        print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: {_one_line(err)}", file=sys.stderr)
+        _exit_now(USER_ERROR_EXIT)
+    except Exception as err:  # noqa: BLE001 - collective failures become one line; the rest propagates
+        if not _collective_failure(err):
+            raise
+        _report_collective_failure(err, trainer.rank, trainer.phase, recipe)
     if trainer.rank == 0:
         print(f"train time: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

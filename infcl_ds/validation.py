@@ -1,7 +1,10 @@
 """Input checks for the public loss: every bad input is a ValueError that names the problem."""
+import numbers
+
 import torch
 
 FEATURE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FEATURE_DEVICES = ("cuda", "cpu")
 
 
 def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_finite: bool = True) -> torch.Tensor:
@@ -21,6 +24,8 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
         raise ValueError(f"empty features: shape {tuple(image.shape)}")
     if image.device != text.device:
         raise ValueError(f"device mismatch: image_features on {image.device}, text_features on {text.device}")
+    if image.device.type not in FEATURE_DEVICES:  # meta tensors have no values to compute with
+        raise ValueError(f"features on device {image.device}; supported: {', '.join(FEATURE_DEVICES)}")
     if image.dtype != text.dtype:
         raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
     logit_scale = as_scalar_tensor("logit_scale", logit_scale, image.device)
@@ -38,10 +43,11 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
 def as_scalar_tensor(name: str, value, device: torch.device) -> torch.Tensor:
     """A number or 1-element floating tensor on ``device`` as a tensor (ValueError otherwise)."""
     if not isinstance(value, torch.Tensor):
-        try:
-            value = torch.tensor(float(value), device=device)
-        except (TypeError, ValueError):  # a ValueError, like every other bad input: raised on every rank
-            raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}") from None
+        # A real number only: float() would also take the string "100" and True. A ValueError,
+        # like every other bad input: raised on every rank.
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or type(value).__name__ == "bool_":
+            raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__} {value!r}")
+        value = torch.tensor(float(value), device=device)
     if value.numel() != 1:
         raise ValueError(f"{name} must be a 0-dim or 1-element tensor, got shape {tuple(value.shape)}")
     if not value.is_floating_point():

@@ -15,7 +15,8 @@ SYNTHETIC = ["model.name=infcl-tiny", "data.source=synthetic", "data.synthetic_s
              "logging.progress=false", "logging.tensorboard=false", "eval.every=0"]
 
 
-def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir: Path = None) -> List[subprocess.Popen]:
+def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir: Path = None,
+                accelerator: str = "cpu") -> List[subprocess.Popen]:
     port = free_port()
     args = [sys.executable, "-m", "infcl_ds.train", "--config", str(TINY)]
     for item in SYNTHETIC + list(overrides):
@@ -23,7 +24,7 @@ def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+                   MASTER_PORT=str(port), DS_ACCELERATOR=accelerator, OMP_NUM_THREADS="1")
         out = open(log_dir / f"rank{rank}.log", "ab") if log_dir else subprocess.DEVNULL
         procs.append(subprocess.Popen(args + list(extra), env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
     return procs

@@ -4,6 +4,7 @@ logit_scale; the exported model scores the same under open_clip's zero-shot code
 import json
 import sys
 import types
+from pathlib import Path
 
 import open_clip
 import pytest
@@ -14,6 +15,7 @@ from infcl_ds.eval import build_zero_shot_classifier, zero_shot_accuracy
 from infcl_ds.eval.cli import main as eval_main
 from infcl_ds.export import export, load_exported, load_state_dict_from_checkpoint, main as export_main
 from infcl_ds.models import create_model, get_tokenizer
+from infcl_ds.training.safe_load import CheckpointError
 from test_eval import CLASSNAMES, TEMPLATES, FakeEvalData, open_clip_train_accuracy
 
 NAME, TAG, BATCH, CHUNK = "infcl-tiny", "step_000001", 8, 4
@@ -28,6 +30,8 @@ def _train_and_save(rank, world, stage, checkpoints):
     g = torch.Generator().manual_seed(1)
     step.train_step(torch.randn(BATCH, 3, 16, 16, generator=g), torch.randint(1, 1000, (BATCH, 16), generator=g))
     step.engine.save_checkpoint(checkpoints, tag=TAG)
+    from infcl_ds.training.manifest import write_manifest
+    write_manifest(Path(checkpoints) / TAG, recipe_sha256="")  # as the trainer's save does
     return {name: param.detach().clone() for name, param in step.model.named_parameters()}
 
 
@@ -63,7 +67,7 @@ def test_tag_argument_and_mismatch(run):
     by_tag = load_state_dict_from_checkpoint(run_dir, tag=TAG)
     by_latest = load_state_dict_from_checkpoint(run_dir)
     assert all(torch.equal(by_tag[k], by_latest[k]) for k in by_tag)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CheckpointError, match="no checkpoint 'step_999999'"):
         load_state_dict_from_checkpoint(run_dir, tag="step_999999")
     with pytest.raises(ValueError):
         load_state_dict_from_checkpoint(run_dir / "checkpoints" / TAG, tag="step_999999")

@@ -62,8 +62,8 @@ class MemorySampler(threading.Thread):
 def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path) -> dict:
     command = [sys.executable, "-m", "infcl_ds.train", "--config", str(recipe), "--set", f"schedule.steps={steps}",
                "--set", f"data.host_batch={host_batch}", "--set", f"output_dir={run_dir}"]
-    if resume:
-        command += ["--resume", "latest"]
+    if resume:  # to more steps than the first run's recipe: a schedule change, allowed here
+        command += ["--resume", "latest", "--allow-recipe-change"]
     started = time.monotonic()
     with open(log, "a") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -57,13 +57,8 @@ def build_deepspeed_config(recipe: Recipe, world_size: int) -> Dict[str, Any]:
         "gradient_clipping": recipe.optimizer.grad_clip,
         "bf16": {"enabled": bf16},
         "zero_allow_untested_optimizer": True,  # torch's AdamW (FusedAdam's JIT build fails on Hopper images)
-        "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": recipe.schedule.steps,
-            # DeepSpeed wants >= 1 warmup step; one step at lr/1 is no warmup at all.
-            "warmup_num_steps": max(1, recipe.schedule.warmup_steps),
-            "warmup_min_ratio": 0.0 if recipe.schedule.warmup_steps else 1.0,
-            "warmup_type": "linear",
-            "cos_min_ratio": recipe.schedule.min_lr_ratio}},
+        # No "scheduler": the trainer hands DeepSpeed its own (training/schedule.py), whose
+        # first step has a nonzero rate; DeepSpeed's WarmupCosineLR starts at 0.
     }
     config = _merge(config, ours)
     if not bf16:

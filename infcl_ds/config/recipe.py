@@ -130,6 +130,11 @@ class EvalSection(Section):
     batch_size: PositiveInt = 256
 
 
+class DistributedSection(Section):
+    timeout: Optional[float] = Field(None, gt=0)  # minutes a rank waits on a peer (any positive number);
+                                                  # default: DEEPSPEED_TIMEOUT, else 30
+
+
 class Recipe(Section):
     output_dir: Text = "runs/default"
     model: ModelSection = ModelSection()
@@ -142,6 +147,7 @@ class Recipe(Section):
     checkpoint: CheckpointSection = CheckpointSection()
     logging: LoggingSection = LoggingSection()
     eval: EvalSection = EvalSection()
+    distributed: DistributedSection = DistributedSection()
 
     @model_validator(mode="before")
     @classmethod

@@ -3,9 +3,14 @@ checked before a launch (launch/train.sh, mpi.sh and slurm.sbatch run it on the 
 so that a typo fails in a second instead of after every rank has built its engine.
 
 Cheap: shard patterns are expanded and every shard must exist (no tar is read), a CSV must
-exist, an evaluation split must have its shards and zero-shot prompts. The trainer checks the contents.
+exist, be UTF-8 throughout and have the recipe's image and caption columns, an evaluation
+split must have its shards and zero-shot prompts. The trainer runs the same check at start-up
+and checks the contents as it reads them.
 """
 import argparse
+import codecs
+import csv
+import io
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -23,9 +28,8 @@ def check_paths(data) -> str:
         from .webdataset_source import expand_shards
         found = f"{len(expand_shards(data.train))} shards"
     else:
-        if not Path(data.train).is_file():
-            raise DataError(f"CSV file {data.train} does not exist")
-        found = f"CSV {data.train}"
+        rows = check_csv(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator)
+        found = f"CSV {data.train} ({rows} lines)"
     if data.eval:
         from .eval import find_zeroshot
         from .webdataset_source import expand_shards
@@ -33,6 +37,40 @@ def check_paths(data) -> str:
         find_zeroshot(eval_shards)  # beside the shards or one level up, as evaluation looks
         found += f"; evaluation split {data.eval} ({len(eval_shards)} shards)"
     return found
+
+
+def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = None) -> int:
+    """The CSV exists, decodes as UTF-8 (the first bad byte's line named) and its header has
+    both columns; returns its number of lines after the header. One pass over the file's bytes."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"CSV file {path} does not exist")
+    if separator is None:
+        separator = "\t" if path.suffix.lower() == ".tsv" else ","
+    decoder, line, header, lines = codecs.getincrementaldecoder("utf-8")(), 1, None, 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            try:
+                text = decoder.decode(block)
+            except UnicodeDecodeError as err:
+                line += err.object[:err.start].count(b"\n")
+                raise DataError(f"CSV {path} is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
+            if header is None:
+                header = text
+            elif "\n" not in header:
+                header += text
+            line += block.count(b"\n")
+            lines += text.count("\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"CSV {path} is not UTF-8: it ends inside a multi-byte character") from None
+    fields = next(csv.reader(io.StringIO(header or ""), delimiter=separator), [])
+    missing = [key for key in (img_key, caption_key) if key not in fields]
+    if missing:
+        raise DataError(f"CSV {path} lacks column(s) {missing} (has {fields}, separator {separator!r}); "
+                        "set data.csv_img_key / data.csv_caption_key / data.csv_separator")
+    return max(0, lines - 1)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

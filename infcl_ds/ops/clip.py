@@ -25,6 +25,14 @@ def positive_logits_sum(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) 
     return total
 
 
+def refuse_double_backward() -> None:
+    """Called first in a backward: grad mode is on there only under ``create_graph=True``,
+    which asks for gradients of these gradients (not implemented by the tile kernels)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("infcl_ds: double backward (create_graph=True, higher-order gradients) of the "
+                           "contrastive loss is not supported")
+
+
 class TiledClipLoss(torch.autograd.Function):
     """Mean bidirectional CLIP loss of one device's whole batch; O(B*D) memory.
 
@@ -46,6 +54,7 @@ class TiledClipLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
+        refuse_double_backward()
         image, text, s, row_lse, col_lse = ctx.saved_tensors
         n = image.shape[0]
         opt = ctx.options

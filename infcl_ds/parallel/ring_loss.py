@@ -24,7 +24,7 @@ from typing import List
 import torch
 
 from ..ops.block import block_backward, block_lse
-from ..ops.clip import KernelOptions, positive_logits_sum
+from ..ops.clip import KernelOptions, positive_logits_sum, refuse_double_backward
 from .ring import Ring
 
 TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
@@ -78,6 +78,7 @@ class RingClipLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
+        refuse_double_backward()  # on every rank alike, before any transfer
         image, text, s, row, col_home = ctx.saved_tensors
         ring, sizes, opt = ctx.ring, ctx.sizes, ctx.options
         total, width, dev, big = sum(sizes), image.shape[1], image.device, max(sizes)

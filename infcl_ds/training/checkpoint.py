@@ -1,51 +1,67 @@
-"""Checkpoints that a kill at any moment cannot break.
+"""Checkpoints that a kill at any moment, a full disk or a hostile file cannot turn against the run.
 
 DeepSpeed's ``save_checkpoint`` writes the tag directory, then rewrites its ``latest`` file
 in place: a kill during that write leaves a pointer that names nothing. Here DeepSpeed writes
-the tag only (``save_latest=False``); once every rank has finished (a barrier), rank 0 points
-``latest`` at it by writing a temporary file and renaming it over the old pointer, which is
-atomic on POSIX file systems. A tag interrupted mid-write is never pointed at, so a resume
-takes the previous complete one.
+the tag only (``save_latest=False``); once every rank has finished, rank 0 writes the tag's
+manifest (``training/manifest.py``: every file's size and SHA-256) and points ``latest`` at
+it by writing a temporary file and renaming it over the old pointer, which is atomic on POSIX
+file systems. A tag interrupted mid-write is never pointed at, so a resume takes the previous
+complete one. A save that fails on any rank (a full disk) fails on every rank, as a
+``CheckpointError``, and its partial tag is removed; ``latest`` stays on the last complete tag.
 
 Each rank's own state (RNG streams, its data-loader position and skip count) goes to
-``<tag>/client_rank{r}.pt``, also through a rename: DeepSpeed stores ``client_state`` only
-from data-parallel rank 0.
+``<tag>/client_rank{r}.pt`` as tensors and numbers only (DeepSpeed stores ``client_state``
+only from data-parallel rank 0); the run's recipe goes to ``<tag>/recipe.yaml``.
+
+Reading: a tag must be a directory directly inside the run's ``checkpoints/`` (``latest`` or a
+tag naming ``../elsewhere`` or an absolute path is refused), its manifest must verify, and
+every file is unpickled with ``weights_only=True`` (``training/safe_load.py``). A damaged tag
+is named with the intact ones listed.
 """
+import hashlib
 import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
+from .atomic import atomic_write_bytes
+from .manifest import verify, write_manifest
+from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weights_only
+
 LATEST = "latest"
+RECIPE = "recipe.yaml"
 
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def rng_state() -> Dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG stream as tensors, numbers and strings: readable with weights_only=True."""
+    version, mt_state, gauss = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)
+    state = {"python": [version, list(mt_state), gauss],
+             "numpy": {"bit_generator": numpy_state["bit_generator"],
+                       "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                       "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
+                       "gauss": float(numpy_state["gauss"])},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state({"bit_generator": numpy_state["bit_generator"],
+                         "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+                         "has_gauss": numpy_state["has_gauss"], "gauss": numpy_state["gauss"]})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -53,43 +69,78 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 def read_latest(checkpoint_dir: Path) -> Optional[str]:
     pointer = Path(checkpoint_dir) / LATEST
-    return pointer.read_text().strip() if pointer.is_file() else None
+    return pointer.read_text(errors="replace").strip() if pointer.is_file() else None
 
 
-def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: int, keep: int = 2) -> str:
-    """Save the engine and this rank's client state as tag step_XXXXXXXX; every rank calls it."""
+def recipe_digest(recipe_text: str) -> str:
+    return hashlib.sha256(recipe_text.encode()).hexdigest()
+
+
+# -- saving ---------------------------------------------------------------------------------
+
+def _is_write_failure(err: BaseException) -> bool:
+    """A file write that failed (disk full, quota, read-only): torch.save reports some as
+    RuntimeErrors from its zip writer ("inline_container.cc ... unexpected pos")."""
+    return isinstance(err, OSError) or (isinstance(err, RuntimeError) and "inline_container" in str(err))
+
+
+def _failed_ranks(failed: bool, device) -> List[int]:
+    """The ranks whose flag is set (every rank calls this: one all-gather)."""
+    import deepspeed.comm as dist
+    flags = [torch.zeros(1, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, torch.tensor([float(failed)], device=device))
+    return [rank for rank, flag in enumerate(flags) if flag.item()]
+
+
+def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: int, keep: int = 2,
+         recipe_text: str = "") -> str:
+    """Save the engine, this rank's client state and the recipe as tag step_XXXXXXXX; every rank
+    calls it. A write that fails on any rank raises CheckpointError on every rank, with the
+    partial tag removed and ``latest`` unchanged."""
     import deepspeed.comm as dist
     checkpoint_dir = Path(checkpoint_dir)
     tag = tag_for(step)
-    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state={"step": step}, save_latest=False)
-    buffer = _to_bytes({**client, "step": step, "rng": rng_state()})
-    atomic_write_bytes(checkpoint_dir / tag / f"client_rank{rank}.pt", buffer)
-    dist.barrier()  # every rank's files are complete before the pointer moves
+    tag_dir = checkpoint_dir / tag
+    device = next(engine.module.parameters()).device
+    failure: Optional[BaseException] = None
+    try:
+        engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state={"step": step}, save_latest=False)
+    except Exception as err:  # noqa: BLE001 - a write failure is re-raised below on every rank
+        if not _is_write_failure(err):
+            raise
+        failure = err
+        # save_checkpoint ends with a barrier that the other ranks are in (from ZeRO 0 to 2
+        # no collective lies between its writes and that barrier).
+        dist.barrier()
+    if failure is None:
+        try:
+            buffer = _to_bytes({**client, "step": step, "rng": rng_state()})
+            atomic_write_bytes(tag_dir / f"client_rank{rank}.pt", buffer)
+            if rank == 0:
+                atomic_write_bytes(tag_dir / RECIPE, recipe_text.encode())
+        except OSError as err:
+            failure = err
+    failed = _failed_ranks(failure is not None, device)  # every rank's files are complete, or one failed
+    if not failed and rank == 0:
+        try:
+            write_manifest(tag_dir, recipe_digest(recipe_text))
+            atomic_write_bytes(checkpoint_dir / LATEST, tag.encode())
+        except OSError as err:
+            failure = err
+    failed = failed or _failed_ranks(failure is not None, device)
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tag_dir, ignore_errors=True)
+        dist.barrier()
+        previous = read_latest(checkpoint_dir)
+        reason = f": {failure}" if failure is not None else ""
+        raise CheckpointError(f"saving checkpoint {tag} failed on rank {', '.join(map(str, failed))}{reason}; "
+                              f"the partial tag was removed and {LATEST} still names "
+                              f"{previous or 'nothing (no earlier checkpoint)'}")
     if rank == 0:
-        atomic_write_bytes(checkpoint_dir / LATEST, tag.encode())
         _prune(checkpoint_dir, keep, current=tag)
     dist.barrier()
     return tag
-
-
-def load(engine, checkpoint_dir: Path, tag: str, rank: int) -> Dict[str, Any]:
-    """Restore the engine (model, optimizer, scheduler) and return this rank's client state,
-    with the RNG streams already restored. ``tag`` may be "latest"."""
-    checkpoint_dir = Path(checkpoint_dir)
-    if tag == LATEST:
-        tag = read_latest(checkpoint_dir)
-        if tag is None:
-            raise FileNotFoundError(f"--resume latest: no checkpoint in {checkpoint_dir} (no '{LATEST}' file)")
-    client_path = checkpoint_dir / tag / f"client_rank{rank}.pt"
-    if not client_path.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint_dir / tag} has no {client_path.name}: saved with a "
-                                "different number of ranks, or incomplete")
-    path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
-    if path is None:
-        raise FileNotFoundError(f"DeepSpeed could not load checkpoint {checkpoint_dir / tag}")
-    client = torch.load(client_path, weights_only=False)
-    set_rng_state(client["rng"])
-    return client
 
 
 def _to_bytes(obj) -> bytes:
@@ -107,3 +158,74 @@ def _prune(checkpoint_dir: Path, keep: int, current: str) -> None:
     for old in tags[:-keep]:
         if old.name != current:
             shutil.rmtree(old, ignore_errors=True)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def intact_tags(checkpoint_dir: Path) -> List[str]:
+    """The tags in ``checkpoint_dir`` whose manifest verifies, oldest first."""
+    intact = []
+    for tag_dir in sorted(p for p in Path(checkpoint_dir).glob("step_*") if p.is_dir()):
+        try:
+            verify(tag_dir)
+        except CheckpointError:
+            continue
+        intact.append(tag_dir.name)
+    return intact
+
+
+def _intact_hint(checkpoint_dir: Path, flag: str) -> str:
+    intact = intact_tags(checkpoint_dir)
+    if not intact:
+        return f"no intact checkpoint in {checkpoint_dir}"
+    return f"intact checkpoints: {', '.join(intact)} ({flag} {intact[-1]} to use one)"
+
+
+def resolve_tag(checkpoint_dir: Path, tag: str = LATEST, flag: str = "--resume") -> Path:
+    """The verified directory of ``tag`` ("latest" follows the pointer) in ``checkpoint_dir``;
+    CheckpointError naming the problem, with the intact tags, otherwise."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise CheckpointError(f"no checkpoint directory {checkpoint_dir}")
+    name, source = tag, f"{flag} {tag}"
+    if tag == LATEST:
+        pointer = checkpoint_dir / LATEST
+        if not pointer.is_file():
+            raise CheckpointError(f"no '{LATEST}' file in {checkpoint_dir}; {_intact_hint(checkpoint_dir, flag)}")
+        name, source = read_latest(checkpoint_dir), f"{pointer}"
+        if not name:
+            raise CheckpointError(f"{pointer} is empty; {_intact_hint(checkpoint_dir, flag)}")
+    tag_dir = checkpoint_dir / name
+    if os.path.isabs(name) or tag_dir.resolve().parent != checkpoint_dir.resolve():
+        raise CheckpointError(f"checkpoint tag {name!r} (from {source}) is not a directory inside {checkpoint_dir}: "
+                              f"refused; {_intact_hint(checkpoint_dir, flag)}")
+    if not tag_dir.is_dir():
+        raise CheckpointError(f"no checkpoint {name!r} in {checkpoint_dir}; {_intact_hint(checkpoint_dir, flag)}")
+    try:
+        verify(tag_dir)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; {_intact_hint(checkpoint_dir, flag)}") from None
+    return tag_dir
+
+
+def read_client(tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
+    """This rank's client state (step, data position, RNG streams) from a verified tag."""
+    path = Path(tag_dir) / f"client_rank{rank}.pt"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {tag_dir} has no {path.name}: saved with a different number of ranks")
+    if trust:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    return load_weights_only(path)
+
+
+def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
+    """Restore the engine (model, optimizer, scheduler) from a tag ``resolve_tag`` returned
+    and return this rank's client state, with the RNG streams already restored."""
+    tag_dir = Path(tag_dir)
+    client = read_client(tag_dir, rank, trust)
+    with deepspeed_reads_weights_only(trust):
+        path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    if path is None:
+        raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
+    set_rng_state(client["rng"])
+    return client

@@ -4,7 +4,20 @@ The deepspeed launcher and torchrun set RANK / WORLD_SIZE / LOCAL_RANK. Under mp
 we read OpenMPI's and SLURM's own variables rather than DeepSpeed's mpi4py discovery, which
 sets MASTER_ADDR from ``hostname -I`` (the machine's external address) and so overrides a
 MASTER_ADDR the user chose.
+
+The collective timeout (recipe key ``distributed.timeout`` or ``DEEPSPEED_TIMEOUT``, minutes,
+any positive number) bounds every wait on a peer, so that a stopped or wedged rank makes the
+others fail instead of holding the allocation: it is the default process group's timeout and,
+through torch's default, that of every group created later (DeepSpeed's ZeRO data-parallel
+groups would otherwise get torch's 30 minutes); NCCL's watchdog tears a timed-out process
+down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``). ``infcl_ds.train`` turns the timeout error into one
+line naming the rank and what it was doing, exit status 3. Joining the job is the exception:
+ranks start with some skew (imports, DeepSpeed's JIT builds), so the rendezvous waits up to
+``max(timeout, JOIN_TIMEOUT_MIN)`` for every rank to arrive. On gloo the group is created here,
+on a store made with that longer wait, because gloo's point-to-point receives (the ring's)
+wait for the timeout the group was created with, whatever ``set_timeout`` says later.
 """
+import math
 import os
 from datetime import timedelta
 from typing import Optional
@@ -35,14 +48,69 @@ def fill_env_from_launcher() -> None:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
 
 
-def collective_timeout_s() -> float:
-    """DEEPSPEED_TIMEOUT (minutes, as DeepSpeed reads it), default 30: how long a rank waits
-    in a collective (the ring's transfers included) for a peer before it fails."""
-    return 60.0 * float(os.environ.get("DEEPSPEED_TIMEOUT", 30))
+DEFAULT_TIMEOUT_MIN = 30.0
+JOIN_TIMEOUT_MIN = 10.0
+TIMEOUT_EXIT_CODE = 3  # a collective timed out: a peer is stopped, wedged or dead
+_env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
+
+
+def parse_timeout_minutes(text: str, source: str = "DEEPSPEED_TIMEOUT") -> float:
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = float("nan")
+    if not (minutes > 0 and math.isfinite(minutes)):
+        raise ValueError(f"{source}={text!r}: the collective timeout must be a positive number of minutes")
+    return minutes
+
+
+def make_timeout_env_importable() -> None:
+    """DeepSpeed reads DEEPSPEED_TIMEOUT with ``int()`` when imported, so a fractional value
+    (0.5 minutes) would crash the import: keep the value for ``collective_timeout_s`` and
+    leave DeepSpeed a whole number (unused: the timeout is passed explicitly). Call before
+    deepspeed is imported; ValueError for a value that is not a positive number."""
+    global _env_timeout_min
+    text = os.environ.get("DEEPSPEED_TIMEOUT")
+    if text is None or _env_timeout_min is not None:
+        return
+    _env_timeout_min = parse_timeout_minutes(text)
+    os.environ["DEEPSPEED_TIMEOUT"] = str(max(1, math.ceil(_env_timeout_min)))
+
+
+def collective_timeout_s(minutes: Optional[float] = None) -> float:
+    """How long a rank waits in a collective (the ring's transfers included) for a peer:
+    ``minutes`` (the recipe's distributed.timeout) if given, else DEEPSPEED_TIMEOUT, else 30 min."""
+    if minutes is not None:
+        return 60.0 * minutes
+    if _env_timeout_min is not None:
+        return 60.0 * _env_timeout_min
+    text = os.environ.get("DEEPSPEED_TIMEOUT")
+    return 60.0 * (parse_timeout_minutes(text) if text is not None else DEFAULT_TIMEOUT_MIN)
+
+
+def _timeout_for_later_groups(timeout: timedelta) -> None:
+    """torch gives a group created without a timeout its module default (30 min), read when
+    the group is made: set it to ours, for DeepSpeed's new_group() calls."""
+    from torch.distributed import distributed_c10d
+    distributed_c10d.default_pg_timeout = timeout
+    distributed_c10d.default_pg_nccl_timeout = timeout
+
+
+def _join_gloo(timeout: timedelta, join: timedelta) -> None:
+    """The default gloo group with the collective ``timeout``, after a rendezvous on a store
+    that waits up to ``join`` for every rank."""
+    from torch.distributed.rendezvous import rendezvous
+    # torch's own env:// rendezvous (MASTER_ADDR/PORT, torchrun's agent store), only with a longer wait.
+    store, rank, world = next(rendezvous("env://", rank=int(os.environ["RANK"]),
+                                         world_size=int(os.environ["WORLD_SIZE"]), timeout=join))
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
-    """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs); returns this rank's device."""
+    """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs) with the collective timeout
+    (``collective_timeout_s()`` unless given); returns this rank's device."""
+    make_timeout_env_importable()
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # a timed-out NCCL rank exits
     import deepspeed
     fill_env_from_launcher()
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if k not in os.environ]
@@ -53,6 +121,12 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
     if cuda:
         torch.cuda.set_device(local_rank)
+    timeout = timedelta(seconds=timeout_s or collective_timeout_s())
+    join = max(timeout, timedelta(minutes=JOIN_TIMEOUT_MIN))
+    if not cuda and not torch.distributed.is_initialized():
+        _join_gloo(timeout, join)  # deepspeed.comm then drives this group
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
-                               timeout=timedelta(seconds=timeout_s or collective_timeout_s()), verbose=False)
+                               timeout=join, verbose=False)
+    torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
+    _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")

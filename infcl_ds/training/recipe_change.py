@@ -1,0 +1,53 @@
+"""Which recipe changes between a checkpoint and its resume alter the run's trajectory.
+
+A resumed run continues exactly only with the recipe it was saved with: a new
+``schedule.steps`` bends the learning-rate curve mid-run, a new batch, optimizer, model or
+data order makes the saved state meaningless or silently different. Those keys are compared
+at resume, and a change is refused unless ``--allow-recipe-change`` (then it is logged).
+Keys that only change how the same steps are computed or reported (chunk size, workers,
+logging, evaluation, checkpoint cadence, output directory, timeout) may change freely.
+"""
+from typing import Any, Dict, List
+
+import yaml
+
+TRAJECTORY_KEYS = (
+    "model.name", "model.seed", "model.loss",
+    "data.source", "data.train", "data.csv_img_key", "data.csv_caption_key", "data.csv_separator",
+    "data.synthetic_size", "data.augment",
+    "batch.global",
+    "optimizer",
+    "schedule",
+    "precision.dtype",
+    "zero.stage",
+)
+
+
+def _lookup(tree: Dict[str, Any], dotted: str):
+    node = tree
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _leaves(value, prefix: str) -> Dict[str, Any]:
+    if isinstance(value, dict):
+        out = {}
+        for key, sub in value.items():
+            out.update(_leaves(sub, f"{prefix}.{key}"))
+        return out
+    return {prefix: value}
+
+
+def trajectory_changes(saved_yaml: str, current_yaml: str) -> List[str]:
+    """``["schedule.steps: 12 -> 20", ...]``: the trajectory keys whose values differ."""
+    saved, current = yaml.safe_load(saved_yaml) or {}, yaml.safe_load(current_yaml) or {}
+    changes = []
+    for key in TRAJECTORY_KEYS:
+        before, after = _leaves(_lookup(saved, key), key), _leaves(_lookup(current, key), key)
+        for leaf in sorted(set(before) | set(after)):
+            if before.get(leaf) != after.get(leaf):
+                changes.append(f"{leaf}: {before.get(leaf)!r} -> {after.get(leaf)!r}")
+    return changes

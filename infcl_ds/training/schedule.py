@@ -1,0 +1,33 @@
+"""The learning-rate schedule: linear warm-up, then cosine decay to a floor (open_clip's
+``cosine_lr``).
+
+Step s (1-based) uses ``lr * ratio(s)``: ``s / warmup`` during the ``warmup`` steps, then a
+cosine from 1 down to ``min_ratio`` over the remaining steps. Step 1 already has the first
+nonzero rate: ``lr / warmup``, or ``lr`` without warm-up. (DeepSpeed's ``WarmupCosineLR``
+returns 0 before its first ``step()`` and forces two warm-up steps, so a run's first step,
+and with ``warmup_steps=1`` its second, would not move the parameters.)
+
+A ``LambdaLR`` on the optimizer, handed to ``deepspeed.initialize`` as its ``lr_scheduler``:
+DeepSpeed steps it after each optimizer step and saves its state (counters only) in the
+checkpoint.
+"""
+import math
+
+import torch
+
+
+def lr_ratio(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """The multiplier of the base rate at 1-based ``step``."""
+    if step <= warmup_steps:
+        return step / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - 1 - warmup_steps) / decay_steps)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
+                  min_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR counts completed steps from 0: after ``c`` steps the next one is step ``c + 1``."""
+    def ratio(completed: int) -> float:
+        return lr_ratio(completed + 1, total_steps, warmup_steps, min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, ratio)
