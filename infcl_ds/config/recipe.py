@@ -131,8 +131,18 @@ class EvalSection(Section):
 
 
 class DistributedSection(Section):
-    timeout: Optional[float] = Field(None, gt=0)  # minutes a rank waits on a peer (any positive number);
-                                                  # default: DEEPSPEED_TIMEOUT, else 30
+    timeout: Optional[float] = None              # minutes a rank waits on a peer (any positive number);
+                                                 # default: DEEPSPEED_TIMEOUT, else 30
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _positive_minutes(cls, value):
+        # One message for every bad value (a bool, a word, zero, a negative number, infinity).
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"must be a positive number of minutes, got {value!r}")
+        return float(value)
 
 
 class Recipe(Section):
