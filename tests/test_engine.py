@@ -48,7 +48,7 @@ def _full_params(step):
     return out
 
 
-def _engine_run(rank, world, stage, offload):
+def _engine_run(rank, world, stage, offload, chunk=CHUNK):
     """Gradients of one chunked step, then parameters after 3 SGD and after 3 AdamW steps."""
     from deepspeed.utils import safe_get_full_grad
 
@@ -58,10 +58,13 @@ def _engine_run(rank, world, stage, offload):
     local = (images[lo:lo + LOCAL], texts[lo:lo + LOCAL])
     out = {}
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+    step = ContrastiveEngine.create(model, _config(stage), chunk, loss_fn=exact_loss(),
                                     optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
                                     offload_features=offload)
+    forwards = []
+    model.visual.register_forward_hook(lambda *_: forwards.append(1))
     out["loss"] = step.forward_backward(*local).item()
+    out["forwards"] = len(forwards)
     out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
     step.engine.step()
     step._clamp_logit_scale(math.log(100.0))
@@ -69,7 +72,7 @@ def _engine_run(rank, world, stage, offload):
         step.train_step(*local)
     out["sgd"] = _full_params(step)
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+    step = ContrastiveEngine.create(model, _config(stage), chunk, loss_fn=exact_loss(),
                                     optimizer=torch.optim.AdamW(model.parameters(), lr=0.05))
     for _ in range(3):
         step.train_step(*local)
@@ -116,6 +119,21 @@ def test_chunked_steps_equal_plain_steps(stage, offload):
     ref = reference_run()
     results = run_ranks(_engine_run, 2, stage, offload)
     for rank in range(2):
+        assert abs(results[rank]["loss"] - ref["loss"]) < 1e-5 * abs(ref["loss"])
+        for what in ("grads", "sgd", "adamw"):
+            for name, want in ref[what].items():
+                err = _rel(results[rank][what][name], want)
+                assert err < 1e-5, (stage, rank, what, name, err)
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_local_batch_of_one_chunk_is_encoded_once(stage):
+    """Chunk >= local batch: one forward with grad instead of a no-grad pass and a re-encode
+    (not under ZeRO-3, which keeps both passes), and the same gradients and steps."""
+    ref = reference_run()
+    results = run_ranks(_engine_run, 2, stage, False, LOCAL)
+    for rank in range(2):
+        assert results[rank]["forwards"] == (2 if stage == 3 else 1)
         assert abs(results[rank]["loss"] - ref["loss"]) < 1e-5 * abs(ref["loss"])
         for what in ("grads", "sgd", "adamw"):
             for name, want in ref[what].items():
