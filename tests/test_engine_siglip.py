@@ -10,24 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from dist_utils import run_ranks
+from test_engine import Tiny
 
 GLOBAL, LOCAL, CHUNK = 14, 7, 3
 
 
-class TinySigLip(torch.nn.Module):
+class TinySigLip(Tiny):
+    """test_engine's tiny model with a logit bias (a SigLIP model to the engine)."""
+
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
-        self.visual = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Linear(24, 16))
-        self.text = torch.nn.Linear(10, 16)
-        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(10.0)))
         self.logit_bias = torch.nn.Parameter(torch.tensor(-3.0))
-
-    def encode_image(self, x):
-        return self.visual(x)
-
-    def encode_text(self, t):
-        return self.text(t)
 
 
 class TinySigLipForward(TinySigLip):
