@@ -63,6 +63,19 @@ class Ring:
                             f"exchanging {what} at step {step} with ranks {self.prev} -> {self.rank} -> {self.next}: "
                             f"{err}. {TIMEOUT_HINT}") from err
 
+    def relay_partial(self, out: torch.Tensor, grad_in: torch.Tensor, sizes: Sequence[int], step: int,
+                      pending, tag: int):
+        """The travelling text gradient, one hop: wait for the partial of the block this rank
+        holds at ``step`` (it arrives in ``grad_in``), add it to this rank's share ``out``, and
+        send the sum on to rank+1 (home after the last step) while the next partial is received
+        into ``grad_in``, which was read just above. Returns the new requests."""
+        self.wait(pending, "text gradient", step)
+        if step > 0:
+            out += grad_in[:sizes[self.origin(step)]]
+        last = step == self.size - 1
+        target = grad_in[:sizes[self.pos if last else self.origin(step + 1)]]
+        return self.start([out], [target], tag)
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         try:
             self.comm.all_reduce(tensor, op=self.comm.ReduceOp.SUM, group=self.group)

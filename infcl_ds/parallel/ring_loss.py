@@ -112,14 +112,9 @@ class RingClipLoss(torch.autograd.Function):
             ds += block_backward(image, cur, s, row, cur_col, coef, diag=(step == 0), grad_a=grad_image,
                                  grad_b=out, accumulate_b=False, backend=opt.backend,
                                  allow_tf32=opt.allow_tf32, panel=opt.panel, rows=opt.panel_rows)
-            ring.wait(partial_reqs, "text gradient", step)  # brought this block's partial
-            if step > 0:
-                out += grad_in[:sizes[q]]
-            # C. The partial on to rank+1 (home after the last step); the next block's
-            #    partial arrives from rank-1 while the next step computes. grad_in was
-            #    read above, so it is free to receive.
-            target = grad_in[:sizes[ring.pos if last else ring.origin(step + 1)]]
-            partial_reqs = ring.start([out], [target], TAG_GRAD)
+            # C. Add the partial that travelled here and pass the sum on to rank+1 (home
+            #    after the last step) while the next step computes.
+            partial_reqs = ring.relay_partial(out, grad_in, sizes, step, partial_reqs, TAG_GRAD)
             ring.wait(text_reqs, "text features", step)
         ring.wait(partial_reqs, "text gradient (home)", ring.size)
         del bufs, contrib, out, cur, partial_reqs  # freed before the outputs are cast

@@ -54,14 +54,8 @@ class RingSigLipLoss(torch.autograd.Function):
             out = contrib[i][:sizes[q]] if need_grads else None
             sums += siglip_block(image, cur, s, b, coef, diag=(step == 0), grad_a=grad_image if need_grads else None,
                                  grad_b=out, accumulate_b=False, options=options)
-            if need_grads:
-                ring.wait(partial_reqs, "text gradient", step)  # brought this block's partial
-                if step > 0:
-                    out += grad_in[:sizes[q]]
-                # C. The partial on to rank+1 (home after the last step); the next block's
-                #    partial arrives from rank-1. grad_in was read above: free to receive.
-                target = grad_in[:sizes[ring.pos if last else ring.origin(step + 1)]]
-                partial_reqs = ring.start([out], [target], TAG_GRAD)
+            if need_grads:  # C. The travelling text gradient, one hop (Ring.relay_partial).
+                partial_reqs = ring.relay_partial(out, grad_in, sizes, step, partial_reqs, TAG_GRAD)
             ring.wait(text_reqs, "text features", step)
         ring.wait(partial_reqs, "text gradient (home)", ring.size)
         ring.all_reduce_sum(sums)
