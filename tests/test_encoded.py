@@ -58,9 +58,9 @@ def tokenizer():
 
 
 def first_batch(shard, tokenizer, host_batch, *, decode_workers=0, local_batch=SAMPLES, rank=0, world_size=1,
-                augment=True):
+                augment=True, decoder="pil"):
     spec = {"source": "webdataset", "train": str(shard), "augment": augment, "workers": 0,
-            "host_batch": host_batch, "decode_workers": decode_workers}
+            "host_batch": host_batch, "decode_workers": decode_workers, "decoder": decoder}
     data = build_train_data(spec, rank=rank, world_size=world_size, local_batch=local_batch, seed=7,
                             image_size=IMAGE_SIZE, tokenizer=tokenizer)
     return next(iter(data))
@@ -133,6 +133,24 @@ def test_undecodable_images_are_replaced_alike_in_both_passes(tmp_path, tokenize
         source = row if row not in bad_rows else next(r for r in [*piece[piece.index(row):], *piece]
                                                       if r not in bad_rows)
         assert torch.equal(images[row], want_images[source]) and torch.equal(texts[row], want_texts[source])
+
+
+def test_torchvision_decoder_in_the_pool_agrees_across_passes_and_with_pil(tmp_path, tokenizer):
+    """data.decoder=torchvision: the decode processes use torchvision.io and torch's resize.
+    Both passes bit-identical, corrupt rows replaced as PIL's path replaces them, pixels within
+    rounding of open_clip's PIL pipeline (same crops), counted once."""
+    corrupt = (3, 35)
+    bad = write_shard(tmp_path / "bad.tar", corrupt=corrupt)
+    pil = first_batch(bad, tokenizer, "encoded", decode_workers=0)
+    batch = first_batch(bad, tokenizer, "encoded", decode_workers=2, decoder="torchvision")
+    first, second = both_passes(batch, chunk=10)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    assert batch.decode_skipped == len(corrupt)
+    want, want_texts = pil.decoded(0, SAMPLES)
+    assert torch.equal(torch.cat([tx for _, tx in first]), want_texts)  # the same rows replaced
+    diff = (batch.decoded(0, SAMPLES)[0].float() - want.float()).abs()  # out of order: decoded in process
+    assert diff.mean() < 1.0 and diff.max() < 64, (diff.mean(), diff.max())
 
 
 def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):

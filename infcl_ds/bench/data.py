@@ -34,12 +34,12 @@ def host_rss_gib() -> float:
     return total / 2 ** 30
 
 
-def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0):
+def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decoder: str = "pil"):
     from open_clip import get_tokenizer
 
     from ..data import build_train_data
     spec = {"source": "webdataset", "train": str(shards), "workers": min(8, os.cpu_count() or 1),
-            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "augment": True}
+            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "decoder": decoder, "augment": True}
     data = build_train_data(spec, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
@@ -53,47 +53,52 @@ def time_decode(batch, chunk: int) -> float:
     return time.perf_counter() - started
 
 
-def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int, command: str):
+def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int, command: str,
+                decoders=("pil",)):
     rows = []
-    for workers in workers_list:
-        data = encoded_batch(shards, samples, image_size, workers)
+    for decoder, workers in ((d, w) for d in decoders for w in workers_list):
+        data = encoded_batch(shards, samples, image_size, workers, decoder=decoder)
         batches = iter(data)
         warm = next(batches)
         time_decode(warm, chunk)  # starts the pool; first-call costs stay out of the timing
         batch = next(batches)
         seconds = time_decode(batch, chunk)
-        rows.append({"what": "decode", "impl": "pil", "workers": workers, "image_size": image_size,
+        rows.append({"what": "decode", "impl": decoder, "workers": workers, "image_size": image_size,
                      "samples": len(batch), "samples_per_s": len(batch) / seconds,
                      "per_worker": len(batch) / seconds / max(workers, 1),
                      "bytes_per_sample": batch.nbytes / len(batch), "decoded_bytes_per_sample": 3 * image_size ** 2,
                      "host_rss_gib": host_rss_gib(), "command": command})
-        print(f"decode pil workers={workers:3d}: {rows[-1]['samples_per_s']:8.0f} samples/s "
+        print(f"decode {decoder} workers={workers:3d}: {rows[-1]['samples_per_s']:8.0f} samples/s "
               f"({rows[-1]['per_worker']:.0f} per worker), {rows[-1]['bytes_per_sample']:,.0f} B/sample held",
               flush=True)
         del batch, warm, batches, data
     return rows
 
 
-def device_rows(shards, samples: int, image_size: int, chunk: int, command: str):
-    """nvJPEG on this GPU, and how far its pixels are from the PIL path's (same crops)."""
+def device_rows(shards, samples: int, image_size: int, chunk: int, command: str, device: str = "cuda"):
+    """nvJPEG on this GPU (or torchvision's CPU decoder for `device="cpu"`), and how far its
+    pixels are from the PIL path's on the same rows (same crops)."""
     import torch
     from ..data.device_decode import DeviceDecoder
+    from ..data.encoded import ChunkDecoder
     data = encoded_batch(shards, samples, image_size, 0)
-    data.decoder = DeviceDecoder(data.decoder.pieces.transform, data.seed, torch.device("cuda"))
+    transform = data.decoder.pieces.transform
+    data.decoder = DeviceDecoder(transform, data.seed, torch.device(device))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batches = iter(data)
     time_decode(next(batches), chunk)  # warm: the decoder's handles, the resize kernels
     batch = next(batches)
-    torch.cuda.synchronize()
+    sync()
     started = time.perf_counter()
     for lo in range(0, len(batch), chunk):
         batch.decoded(lo, min(lo + chunk, len(batch)))
-    torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - started
-    # The same rows through PIL, in this process.
-    reference = next(iter(encoded_batch(shards, samples, image_size, 0)))
+    # The same rows of the same batch through PIL, in this process.
     rows = min(len(batch), 2048)
-    want = reference.decoded(0, rows)[0].float()
     got = batch.decoded(0, rows)[0].float().cpu()
+    pil = ChunkDecoder(transform, data.seed, 0)
+    want = torch.cat([pil.decode_now(batch._request(lo, min(lo + 256, rows)))[1] for lo in range(0, rows, 256)]).float()
     diff = (got - want).abs()
     row = {"what": "decode", "impl": "nvjpeg", "workers": 0, "image_size": image_size, "samples": len(batch),
            "samples_per_s": len(batch) / seconds, "per_worker": None, "bytes_per_sample": batch.nbytes / len(batch),
@@ -131,13 +136,14 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=4096, help="samples per timed batch")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--decoders", default="pil,torchvision", help="data.decoder values, comma-separated")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--recipes", type=Path, default=Path("ds_configs/recipes"), help="recipes to set the needs beside")
     args = p.parse_args(argv)
     command = "infcl-ds bench data " + " ".join(argv if argv is not None else [])
     identity = {**run_identity(), "cpus": os.cpu_count()}
     rows = decode_rows(args.shards, [int(w) for w in args.workers.split(",")], args.samples, args.image_size,
-                       args.chunk, command)
+                       args.chunk, command, args.decoders.split(","))
     import torch
     if torch.cuda.is_available():
         rows += device_rows(args.shards, args.samples, args.image_size, args.chunk, command)

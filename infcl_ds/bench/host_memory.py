@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..plan.cli import parse_size
 from .common import run_identity
 
 GIB = 2 ** 30
@@ -59,9 +60,12 @@ class MemorySampler(threading.Thread):
             self.peak_tree_rss = max(self.peak_tree_rss, self._tree_rss())
 
 
-def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path) -> dict:
+def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path,
+                overrides=()) -> dict:
     command = [sys.executable, "-m", "infcl_ds.train", "--config", str(recipe), "--set", f"schedule.steps={steps}",
                "--set", f"data.host_batch={host_batch}", "--set", f"output_dir={run_dir}"]
+    for override in overrides:
+        command += ["--set", override]
     if resume:  # to more steps than the first run's recipe: a schedule change, allowed here
         command += ["--resume", "latest", "--allow-recipe-change"]
     started = time.monotonic()
@@ -110,19 +114,24 @@ def main(argv=None):
                    help="continue the run in the recipe's output_dir from its latest checkpoint to --steps, and "
                         "add the resumed steps to the encoded row of --out")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks/host_memory.json"))
+    p.add_argument("--host-memory", type=parse_size, default=None,
+                   help="the host's memory for the plan and the rows (default: the OS's total, which on the "
+                        "lent GPU machines reads low until memory has been used)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe overrides for every run of this benchmark")
     args = p.parse_args(argv)
 
     import psutil
     import torch
 
     from ..config import load_recipe
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, overrides=args.overrides)
     log = args.out.with_suffix(".log")
     if args.resume:
         data = json.loads(args.out.read_text())
         run_dir = Path(f"{recipe.output_dir}-encoded")
         before = {int(s["step"]) for s in step_rows(run_dir)}
-        run = run_trainer(args.recipe, args.steps, True, log, "encoded", run_dir)
+        run = run_trainer(args.recipe, args.steps, True, log, "encoded", run_dir, args.overrides)
         resumed = [s for s in step_rows(run_dir) if int(s["step"]) not in before]
         row = next(r for r in data["rows"] if r["host_batch"] == "encoded")
         row["resume"] = measured_row({}, run, resumed)
@@ -132,12 +141,12 @@ def main(argv=None):
         print(json.dumps(row["resume"], indent=1), flush=True)
         return data["rows"]
 
-    host_bytes = psutil.virtual_memory().total
+    host_bytes = args.host_memory or psutil.virtual_memory().total
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * GIB
     identity = run_identity()
     rows = []
     for host_batch in ("encoded", "decoded"):
-        form = load_recipe(args.recipe, overrides=[f"data.host_batch={host_batch}"])
+        form = load_recipe(args.recipe, overrides=[*args.overrides, f"data.host_batch={host_batch}"])
         plan, line = planned(form, host_bytes, gpu_bytes)
         row = {"host_batch": host_batch, "model": form.model.name, "B": form.batch.global_size, "world": 1,
                "host_gib": host_bytes / GIB, "plan_host_gib": plan.host_bytes / GIB,
@@ -145,11 +154,12 @@ def main(argv=None):
                "plan_compute_step_s": plan.time.total, "bytes_per_sample": None, "plan_line": line, **identity}
         if not plan.fits:
             rows.append({**row, "status": "refused by the planner", "command": f"infcl-ds plan --config "
-                         f"{args.recipe} --gpus 1 --set data.host_batch={host_batch}"})
+                         f"{args.recipe} --gpus 1 --host-memory {host_bytes / GIB:.0f}GiB "
+                         f"--set data.host_batch={host_batch}"})
             print(f"{host_batch}: {line}", flush=True)
             continue
         run_dir = Path(f"{recipe.output_dir}-{host_batch}")
-        run = run_trainer(args.recipe, args.steps, False, log, host_batch, run_dir)
+        run = run_trainer(args.recipe, args.steps, False, log, host_batch, run_dir, args.overrides)
         rows.append(measured_row(row, run, step_rows(run_dir)))
         print(json.dumps(rows[-1], indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ def plot_data(json_path: Path, png_path: Path) -> None:
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for impl, marker in (("pil", "-o"), ("nvjpeg", "-s")):
+    for impl, marker in (("pil", "-o"), ("torchvision", "-^"), ("nvjpeg", "-s")):
         pts = sorted((r for r in rows if r["what"] == "decode" and r["impl"] == impl), key=lambda r: r["workers"])
         if pts:
             ax.plot([r["workers"] for r in pts], [r["samples_per_s"] for r in pts], marker,

@@ -8,12 +8,10 @@ decoded by the GPU and cropped and resized there, with the crop drawn exactly as
 draws it (the same RandomResizedCrop parameters from the same per-slot seed). The pixels cannot
 be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic resize): on the CPU
 (torchvision's libjpeg decoder, tests/test_encoded.py) they differ by 0.14 uint8 levels on
-average. On an H200 with torchvision 0.26 the first measurement differed by 74 levels on average
-(docs/benchmarks/data.json) at 2,068 samples/s, which is why the trainer does not offer it: the
-decoder's output is now awaited before the crops read it (a race is the first suspect), and
-`bench data` re-measures both figures. Images that are not JPEG (PNG, WebP) and JPEGs the
-decoder refuses are decoded by PIL on the host, then cropped on the device the same way; an
-image neither can decode is replaced as in data/encoded.py.
+average. On an H200 with torchvision 0.26 a first measurement (2,068 samples/s) read 74 levels:
+the benchmark's fault, which compared with the PIL pixels of another batch; `bench data` now
+compares the same rows. Images that are not JPEG (PNG, WebP) and JPEGs the decoder refuses are
+decoded by PIL on the host, then cropped on the device the same way; an image neither can decode is replaced as in data/encoded.py.
 """
 from typing import List, Optional
 
@@ -23,7 +21,7 @@ from torchvision.transforms import functional as F
 
 from .encoded import replace_undecodable
 from .samples import SkipSample, decode_image
-from .transforms import sample_seed
+from .transforms import sample_seed, seeded_cpu_generator
 
 JPEG_MAGIC = b"\xff\xd8"
 
@@ -44,8 +42,7 @@ class DeviceCrops:
         if self.random_crop is not None:
             rrc = self.random_crop
             # The PIL path runs the transform under this seed and get_params is its first draw.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+            with seeded_cpu_generator(seed):
                 top, left, height, width = RandomResizedCrop.get_params(image, rrc.scale, rrc.ratio)
             return F.resized_crop(image, top, left, height, width, list(rrc.size),
                                   interpolation=InterpolationMode.BICUBIC, antialias=True)

@@ -115,10 +115,18 @@ class _Requests(Sampler):
 class ChunkDecoder:
     """A rank's decode pool: `workers` processes (0: decode in the calling process), started at
     the first batch and kept for the run (DataLoader's persistent workers, which also turn a
-    worker's death or a stall past DECODE_TIMEOUT_S into an error in the rank)."""
+    worker's death or a stall past DECODE_TIMEOUT_S into an error in the rank). `decoder`:
+    "pil" (open_clip's pixels exactly) or "torchvision" (torchvision.io's decoder and torch's
+    resize on the CPU, the same crops: data.decoder)."""
 
-    def __init__(self, transform, seed: int, workers: int):
-        self.pieces = DecodePieces(transform, seed)
+    def __init__(self, transform, seed: int, workers: int, decoder: str = "pil"):
+        if decoder == "pil":
+            self.pieces = DecodePieces(transform, seed)
+        elif decoder == "torchvision":
+            from .device_decode import DevicePieces  # it builds on this module
+            self.pieces = DevicePieces(transform, seed, "cpu")
+        else:
+            raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
         self.workers = workers
         self._sampler = _Requests()
         self._loader = None

@@ -166,7 +166,8 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
     workers (default 2), augment (default True), worker_batch (samples per worker task,
     default 256), host_batch ("encoded", the default, or "decoded"); encoded only:
-    decode_workers (PIL decode processes per rank, default 2; open_clip's exact pixels) and
+    decode_workers (decode processes per rank, default 2), decoder ("pil", open_clip's exact
+    pixels, the default, or "torchvision") and
     keep_decoded_gib (GPU memory keeping decoded chunks from the first pass to the second). Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
@@ -176,7 +177,7 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     keep_rows = 0
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
-        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2))
+        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"))
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
     else:
         dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None

@@ -12,9 +12,11 @@ from ..config import Recipe
 from ..resources import read_json
 from .memory import DEFAULT_IMAGE_BYTES
 
-# Decodes per second per decode process while a step trains (PIL, open_clip's train transform,
-# JPEG shards of 256-384 px): measured, with its source, in calibration/decode_rates.json.
-DECODE_RATE_PER_WORKER = float(read_json("calibration", "decode_rates.json")["pil_per_process"])
+# Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
+# transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
+_RATES = read_json("calibration", "decode_rates.json")
+DECODE_RATES_PER_WORKER = {"pil": float(_RATES["pil_per_process"]),
+                           "torchvision": float(_RATES["torchvision_per_process"])}
 # Shards read to measure the stored image size (their headers only: a few ms each).
 SHARDS_SAMPLED = 4
 
@@ -45,6 +47,7 @@ class InputRate:
     needed: float       # decodes per second per rank for the planned step
     available: float    # what the rank's decode processes deliver
     workers: int
+    per_worker: float   # decodes per second of one process with the recipe's data.decoder
 
     @property
     def binds(self) -> bool:
@@ -55,14 +58,16 @@ class InputRate:
         return max(compute_s, compute_s * self.needed / self.available) if self.available else float("inf")
 
     def workers_needed(self) -> int:
-        return int(-(-self.needed // DECODE_RATE_PER_WORKER))
+        return int(-(-self.needed // self.per_worker))
 
 
 def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
     """Decodes a step needs: every row in the first pass, and again in the second unless its
     chunk was kept decoded on the GPU (`kept_rows`, data.keep_decoded_gib)."""
     workers = recipe.data.decode_workers
+    per_worker = DECODE_RATES_PER_WORKER[recipe.data.decoder]
     # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps).
-    available = max(workers, 1) * DECODE_RATE_PER_WORKER
+    available = max(workers, 1) * per_worker
     decodes = 2 * local_batch - kept_rows
-    return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers)
+    return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers,
+                     per_worker=per_worker)
