@@ -117,6 +117,7 @@ def main(argv=None):
     p.add_argument("--host-memory", type=parse_size, default=None,
                    help="the host's memory for the plan and the rows (default: the OS's total, which on the "
                         "lent GPU machines reads low until memory has been used)")
+    p.add_argument("--host-batches", default="encoded,decoded", help="host forms to plan and run, comma-separated")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe overrides for every run of this benchmark")
     args = p.parse_args(argv)
@@ -145,7 +146,7 @@ def main(argv=None):
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * GIB
     identity = run_identity()
     rows = []
-    for host_batch in ("encoded", "decoded"):
+    for host_batch in args.host_batches.split(","):
         form = load_recipe(args.recipe, overrides=[*args.overrides, f"data.host_batch={host_batch}"])
         plan, line = planned(form, host_bytes, gpu_bytes)
         row = {"host_batch": host_batch, "model": form.model.name, "B": form.batch.global_size, "world": 1,
