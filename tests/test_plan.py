@@ -243,16 +243,16 @@ def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
     assert decoded.binding == "host memory per node"
     # Decoded: per node 8 ranks, each holding two local batches of 393,216 samples and 6 workers'
     # 2 prefetched pieces of 256, at 3 x 224^2 uint8 pixels + 77 int64 tokens = 151,144 bytes a
-    # sample; no offloaded features; 8 GiB per rank for the processes.
+    # sample; no offloaded features; 5 GiB per rank for the processes.
     assert decoded.host[mem.INPUTS] == 8 * (2 * 393_216 + 6 * 2 * 256) * 151_144
-    assert decoded.host_bytes == decoded.host[mem.INPUTS] + 8 * 8 * GIB
+    assert decoded.host_bytes == decoded.host[mem.INPUTS] + 8 * 5 * GIB
     # Encoded (the recipe): the same samples at the stored image's bytes (assumed: no shards
     # here) + 77 int32 tokens + the 28-byte row table, and the decode pool's pieces.
     recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml")
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
     assert plan.fits and plan.image_bytes == mem.DEFAULT_IMAGE_BYTES
     assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
-    assert plan.host[mem.DECODING] == 8 * (2 * 5 * 4 * 32 * 3 * 224 ** 2 + 5 * GIB // 4)
+    assert plan.host[mem.DECODING] == 8 * (2 * 5 * 4 * 32 * 3 * 224 ** 2 + 5 * (GIB // 10))
     assert plan.host_bytes < decoded.host_bytes / 3
     assert plan.step_seconds > 0 and plan.time.hop is not None and plan.time.hop.hidden
     assert main(["--config", str(RECIPES / "vit-l14-12m-32gpu.yaml"), "--gpu-memory", "80GiB"]) == 0

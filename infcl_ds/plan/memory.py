@@ -42,10 +42,13 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 # torch.cuda.max_memory_allocated leaves out. Measured with expandable segments (the
 # trainer's default): device in use minus allocated peak 2.1-2.9 GiB in four runs on H200
 # (docs/benchmarks/planner_check.json, train_vs_inf_cl.json; the CUDA context alone 1.7
-# GiB); the default allocator kept up to 6.5 GiB. Host, per rank, a guess: Python, torch and
-# the CUDA host libraries, and the rank's data-loader worker processes.
+# GiB); the default allocator kept up to 6.5 GiB. Host, per rank: Python, torch and the CUDA
+# host libraries, and the rank's data-loader worker processes. Two one-GPU runs with encoded
+# batches and 14 decode processes used 4.0 and 6.3 GiB of host memory beyond their two local
+# batches (docs/benchmarks/host_memory.json); this reserve and DECODE_WORKER_RESERVE below
+# cover the larger with a margin.
 GPU_RUNTIME_RESERVE = int(2.5 * GIB)
-HOST_RESERVE_PER_RANK = 8 * GIB
+HOST_RESERVE_PER_RANK = 5 * GIB
 # torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
 # keeps) finished tasks per worker, each a piece of data.worker_batch samples.
 DATALOADER_PREFETCH_FACTOR = 2
@@ -195,9 +198,9 @@ INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "pieces being decoded
 DEFAULT_IMAGE_BYTES = 32 * 1024
 # Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
 ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
-# Per decode process: its own Python heap and decoded pieces in flight beyond the shared pages
-# of the forked rank (a guess until measured; docs/benchmarks/host_memory.json).
-DECODE_WORKER_RESERVE = GIB // 4
+# Per decode process: its own Python heap beyond the shared pages of the forked rank (with
+# HOST_RESERVE_PER_RANK, fitted to docs/benchmarks/host_memory.json).
+DECODE_WORKER_RESERVE = GIB // 10
 
 
 def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:
