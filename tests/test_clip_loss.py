@@ -148,3 +148,48 @@ def test_inside_an_open_clip_style_program(tmp_path):
         assert ours["params"]["logit_bias"] == theirs["params"]["logit_bias"] == -10.0
         for name, value in ours["params"].items():
             assert torch.allclose(value, theirs["params"][name], rtol=1e-5, atol=1e-5), name
+
+
+def test_clip_loss_inside_open_clip_train_matches_its_own(tmp_path):
+    """infcl_ds.ClipLoss swapped into OpenCLIP's real trainer (open_clip_train.main, 2 CPU ranks
+    under torchrun, --local-loss --gather-with-grad, --accum-freq 2, fp32, a model config with
+    init_logit_bias): three steps on real images (the digits) give the losses OpenCLIP's own loss
+    gives. OpenCLIP's rank-local losses average to the global loss that ours reports on every rank;
+    steps 2 and 3 agree only if the gradients, hence the weights, did."""
+    import csv
+    import json
+
+    from infcl_ds.bench.open_clip_train import open_clip_train_args, run_open_clip_train
+    from infcl_ds.data.digits import build_digits
+    from openclip_program import CONFIG
+    config = json.loads(json.dumps(CONFIG))
+    config["vision_cfg"]["image_size"] = 32
+    config["text_cfg"].update(vocab_size=49408, context_length=77)  # open_clip's tokenizer's ids
+    (tmp_path / "tiny-logit-bias.json").write_text(json.dumps(config))
+    build_digits(tmp_path / "digits", image_size=32)
+    import tarfile
+    rows = []
+    with tarfile.open(tmp_path / "digits" / "train" / "shard-000000.tar") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        for key in sorted({name.split(".")[0] for name in members})[:96]:  # 3 steps of 32
+            image = tmp_path / f"{key}.png"
+            image.write_bytes(tar.extractfile(members[f"{key}.png"]).read())
+            rows.append((str(image), tar.extractfile(members[f"{key}.txt"]).read().decode()))
+    with open(tmp_path / "train.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("filepath", "title"), *rows])
+    argv = open_clip_train_args("tiny-logit-bias", 32, 2, 8, 3, False, "fp32", 1, False,
+                                data=["--dataset-type", "csv", "--train-data", str(tmp_path / "train.csv"),
+                                      "--csv-separator", ","])
+    losses = {}
+    for impl, extra in (("open_clip", []), ("infcl_ds", ["--infcl-loss"])):
+        record = tmp_path / f"{impl}.json"
+        run = run_open_clip_train(2, argv, free_port(), ["--model-config-dir", str(tmp_path),
+                                                         "--record-losses", str(record), *extra], timeout_s=300)
+        assert len(run["samples_per_s"]) == 3, run  # its log lines: one per step
+        losses[impl] = [json.loads(Path(f"{record}.rank{r}").read_text()) for r in range(2)]
+    theirs = torch.tensor(losses["open_clip"], dtype=torch.float64).mean(0)  # rank-local -> global
+    ours = torch.tensor(losses["infcl_ds"], dtype=torch.float64)
+    assert ours.shape == (2, 6)  # 3 steps x 2 accumulation calls, on each rank
+    assert torch.equal(ours[0], ours[1])  # the global loss, the same on every rank
+    assert len(set(ours[0].tolist())) == 3 and ours[0, 0] > ours[0, -1]  # real data: it learns
+    torch.testing.assert_close(ours[0], theirs, rtol=2e-6, atol=0)

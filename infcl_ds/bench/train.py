@@ -1,6 +1,8 @@
 """`infcl-ds bench train`: whole engine steps of an open_clip model (ViT-B-16 at 224 px by
 default) across this host's GPUs, with this project's loss, inf-cl's, or OpenCLIP's
-local-loss + gather (full logits per rank, where it fits) swapped into the same engine.
+local-loss + gather (full logits per rank, where it fits) swapped into the same engine; or
+OpenCLIP's own trainer, open_clip_train, run as a subprocess on the same GPUs and model
+(`--impl open_clip_train`, eager and/or `--torchcompile`: bench/open_clip_train.py).
 
 Per row: step time, samples/s, time and peak memory per phase (encode without grad, loss,
 re-encode with grad, optimizer step), the loss+ring share of the step, the planner's
@@ -225,7 +227,10 @@ def main(argv=None):
     p.add_argument("--batch", default="64k,256k", help="global batch sizes")
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--zero", type=int, default=2)
-    p.add_argument("--impl", default="infcl_ds", help="comma list of infcl_ds, inf_cl, open_clip")
+    p.add_argument("--impl", default="infcl_ds", help="comma list of infcl_ds, inf_cl, open_clip, open_clip_train")
+    p.add_argument("--open-clip-train-batch-size", type=int, default=1024,
+                   help="open_clip_train's --batch-size per rank (its --accum-freq makes up the global batch)")
+    p.add_argument("--open-clip-train-modes", default="eager,compile", help="eager and/or compile (--torchcompile)")
     p.add_argument("--open-clip-max-batch", default="64k", help="largest B for OpenCLIP's full logits")
     p.add_argument("--steps", type=int, default=1, help="timed steps per row (the fastest is kept)")
     p.add_argument("--pool", type=int, default=4096, help="distinct host samples cycled through")
@@ -237,8 +242,43 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
-    import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(world, args, free_port(), run_identity()), nprocs=world, join=True)
+    impls = args.impl.split(",")
+    if "open_clip_train" in impls:
+        open_clip_train_rows(args, world)
+        args.impl = ",".join(i for i in impls if i != "open_clip_train")
+        args.append = True
+    if args.impl:
+        import torch.multiprocessing as mp
+        mp.spawn(_worker, args=(world, args, free_port(), run_identity()), nprocs=world, join=True)
+
+
+def open_clip_train_rows(args, world: int) -> None:
+    """OpenCLIP's trainer at each batch, eager and compiled: its steady samples/s (steps after
+    the first, two for a compiled run, are the untimed warm-up) into --out beside this engine's."""
+    from .open_clip_train import open_clip_train_args, run_open_clip_train
+    ident, out = run_identity(), Path(args.out)
+    cuda = torch.cuda.is_available()
+    old = json.loads(out.read_text()) if args.append and out.is_file() else {"meta": {}, "rows": []}
+    rows = [r for r in old["rows"] if r.get("impl") != "open_clip_train"]
+    for B in parse_sizes(args.batch):
+        for mode in args.open_clip_train_modes.split(","):
+            compiled, warm = mode == "compile", 2 if mode == "compile" else 1
+            argv = open_clip_train_args(args.model, B, world, args.open_clip_train_batch_size, warm + args.steps,
+                                        compiled, "amp_bf16" if cuda else "fp32", 12 if cuda else 1, cuda)
+            row = {"impl": "open_clip_train", "model": args.model, "B": B, "world": world, "compile": compiled,
+                   "zero": None, **ident}
+            try:
+                run = run_open_clip_train(world, argv, free_port(), timeout_s=1800)
+            except RuntimeError as err:
+                row.update(status="out of memory" if "out of memory" in str(err).lower() else "failed",
+                           error=str(err)[-500:])
+            else:
+                timed = run["step_s"][warm:]
+                row.update(status="measured", step_s=sum(timed) / len(timed), samples_per_s=B * len(timed) / sum(timed),
+                           first_step_s=run["step_s"][0], steps_s=run["step_s"], command=run["command"])
+            rows.append(row)
+            print(f"open_clip_train {mode:7s} B={B:>8d}: {row.get('samples_per_s', row['status'])}", flush=True)
+            write_rows(out, rows, {**old["meta"], **ident, "argv_open_clip_train": args.argv})
 
 
 if __name__ == "__main__":
