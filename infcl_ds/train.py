@@ -96,7 +96,8 @@ class Trainer:
         self.step_engine = ContrastiveEngine.create(
             model.to(self.device), build_deepspeed_config(recipe, self.world), recipe.batch.chunk,
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
-            grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule)
+            grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
+            compile_backend="inductor" if recipe.model.compile else None)
         self.data = self._train_data()
         self.eval_data = self._eval_data()
         self.step = 0
@@ -172,6 +173,7 @@ class Trainer:
         logger = MetricsLogger(self.run_dir, self.rank == 0, r.logging.tensorboard, resume_step=self.step)
         bar = self._progress_bar()
         timer, batches = Throughput(), self._batches()
+        from .engine.compile import graphs_compiled
         engine = self.step_engine.engine
         results = {}
         while self.step < r.schedule.steps:
@@ -193,7 +195,10 @@ class Trainer:
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
-                       "decode_wait_s": decode_wait, "host_bytes_per_sample": host_bytes}
+                       "decode_wait_s": decode_wait, "host_bytes_per_sample": host_bytes,
+                       # torch.compile's graphs so far (model.compile): flat after step 1, or
+                       # something recompiles.
+                       "graphs_compiled": graphs_compiled()}
                 logger.log_step(row)
                 self._show(bar, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:

@@ -37,6 +37,7 @@ SETS = [
      r"data.synthetic_size=100 is smaller than one global batch \(batch.global=512\)"),
     (["schedule.warmup_steps=500"], r"schedule.warmup_steps must be in \[0, schedule.steps=200\]"),
     (["optimizer.lr=[1"], r"--set 'optimizer.lr=\[1': not a YAML value"),
+    (["model.compile=true", "zero.stage=3"], "model.compile=true is not supported with zero.stage=3"),
 ]
 FILES = [
     ("", "is empty"),

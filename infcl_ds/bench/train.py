@@ -68,7 +68,8 @@ def _engine(args, impl, rank, world, device):
     optimizer = torch.optim.AdamW(clip_param_groups(model), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, **fused)
     return ContrastiveEngine.create(model, build_deepspeed_config(recipe, world), args.chunk, optimizer=optimizer,
                                     loss_fn=_loss_fn(impl, rank, world), profile=True,
-                                    offload_features=args.offload_features)
+                                    offload_features=args.offload_features,
+                                    compile_backend="inductor" if args.compile else None)
 
 
 def _recipe(args, world, args_batch):
@@ -133,11 +134,12 @@ def _worker(rank, world, args, port, ident):
         info = model_info(step_engine.model)
         pool = _pool(args, info, device)
         # Warm-up at two chunks: kernels compiled, tiles tuned, allocator primed.
-        _timed_steps(step_engine, CyclingHostBatch(2 * args.chunk, *pool), 1, device)
+        warmup_step_s, _ = _timed_steps(step_engine, CyclingHostBatch(2 * args.chunk, *pool), 1, device)
         for B in parse_sizes(args.batch):
             local = B // world
             row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
-                   "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "status": "measured"}
+                   "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "compile": args.compile,
+                   "warmup_step_s": warmup_step_s, "status": "measured"}
             if impl == "open_clip" and B > parse_sizes(args.open_clip_max_batch)[0]:
                 # Its B/W x B logits per rank: 64 GiB in bf16 at 256k on 2 GPUs, before softmax.
                 row.update(ident, status="not run: full logits exceed GPU memory")
@@ -235,6 +237,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=1, help="timed steps per row (the fastest is kept)")
     p.add_argument("--pool", type=int, default=4096, help="distinct host samples cycled through")
     p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the encoders (model.compile)")
     p.add_argument("--offload-features", action="store_true")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
     p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")

@@ -37,6 +37,9 @@ class ModelSection(Section):
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     seed: NonNegativeInt = 0                     # initial weights and everything random
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
+    # torch.compile of both towers (engine/compile.py), ZeRO 0-2. Off by default until its speed
+    # is measured against eager on a GPU (issue 14); compiles once per chunk shape and pass.
+    compile: bool = False
 
 
 SYNTHETIC_SIZE = 4096
@@ -181,6 +184,9 @@ class Recipe(Section):
         if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
+        if self.model.compile and self.zero.stage == 3:
+            raise ValueError("model.compile=true is not supported with zero.stage=3 (its per-module parameter "
+                             "gathering breaks compiled graphs): use zero.stage 0-2 or model.compile=false")
         _check_overrides(self)
         return self
 

@@ -75,8 +75,10 @@ class ContrastiveEngine:
 
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
-               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, loss="clip", **ds_kwargs):
-        """Fix up the model's parameters for DeepSpeed, build the engine, wrap it."""
+               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, loss="clip",
+               compile_backend=None, **ds_kwargs):
+        """Fix up the model's parameters for DeepSpeed, build the engine, wrap it. With
+        `compile_backend` (e.g. "inductor"), the encoders are compiled first (engine/compile.py)."""
         import deepspeed
 
         from .params import mark_zero3_leaf_modules, promote_scalar_parameters
@@ -87,7 +89,14 @@ class ContrastiveEngine:
                              "this model has a logit_bias (a SigLIP model): train it with loss='siglip' "
                              "(recipe key model.loss)")
         promote_scalar_parameters(model)
-        if config.get("zero_optimization", {}).get("stage", 0) == 3:
+        zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
+        if compile_backend is not None:
+            if zero3:
+                raise ValueError("compiled encoders (model.compile) are not supported under ZeRO-3: "
+                                 "use zero.stage 0-2 or model.compile: false")
+            from .compile import compile_encoders
+            compile_encoders(model, compile_backend)
+        if zero3:
             mark_zero3_leaf_modules(model)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,

@@ -11,7 +11,7 @@ from typing import Dict, Optional
 import torch
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
-           "decode_wait_s", "host_bytes_per_sample"]
+           "decode_wait_s", "host_bytes_per_sample", "graphs_compiled"]
 
 
 def peak_memory_gib(device: torch.device) -> float:
