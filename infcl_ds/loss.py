@@ -12,7 +12,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from .ops import KernelOptions, TiledClipLoss
+from .ops import KernelOptions
+from .parallel import ClipLossFunction, LocalRing
 from .validation import check_features
 
 
@@ -61,9 +62,10 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
     options = KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel, panel_rows=panel_rows)
     if _group_size(group) == 1:
         scale = check_features(image_features, text_features, logit_scale, check_finite)
-        return TiledClipLoss.apply(image_features, text_features, scale, options)
+        return ClipLossFunction.apply(image_features, text_features, scale, options, LocalRing(),
+                                      [image_features.shape[0]])
 
-    from .parallel import Ring, RingClipLoss, check_across_ranks
+    from .parallel import Ring, check_across_ranks
     ring = Ring(group)
     # Local problems are shared before any rank raises, so that no peer is left waiting.
     try:
@@ -72,7 +74,7 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
     except ValueError as err:
         scale, error = torch.zeros(()), str(err)
     sizes = check_across_ranks(ring, image_features, text_features, scale, error)
-    return RingClipLoss.apply(image_features, text_features, scale, options, ring, sizes)
+    return ClipLossFunction.apply(image_features, text_features, scale, options, ring, sizes)
 
 
 class ContrastiveLoss(nn.Module):

@@ -1,6 +1,6 @@
-"""Kernels and the single-device loss Function (the lowest layer: imports nothing above)."""
+"""Kernels and the single-device SigLIP Function (the lowest layer: imports nothing above)."""
 from .block import block_backward, block_lse
-from .clip import KernelOptions, TiledClipLoss
+from .clip import KernelOptions
 from .siglip import SigLipOptions, TiledSigLipLoss
 
-__all__ = ["KernelOptions", "SigLipOptions", "TiledClipLoss", "TiledSigLipLoss", "block_backward", "block_lse"]
+__all__ = ["KernelOptions", "SigLipOptions", "TiledSigLipLoss", "block_backward", "block_lse"]

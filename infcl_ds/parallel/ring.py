@@ -20,6 +20,15 @@ class RingError(RuntimeError):
     """A ring transfer failed: a peer is gone or stuck."""
 
 
+class LocalRing:
+    """The ring of one rank: a single device, no process group (the loss Functions take it
+    where they would take a Ring; they move nothing when ``size == 1``)."""
+    size, pos = 1, 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
 class Ring:
     """Positions of this process in ``group`` and the two neighbours' global ranks."""
 

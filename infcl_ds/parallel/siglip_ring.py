@@ -6,7 +6,7 @@ complete. The sigmoid loss has no row or column statistics, so unlike the CLIP r
 (ring_loss.py) one pass does everything: every step runs one block through the same sweep
 as the single-device loss (ops/siglip.py), adding to this rank's image gradient and to the
 visiting block's text gradient, and the loss and scale/bias partial sums (one all-reduce at
-the end). The message order is RingClipLoss.backward's, for the same reason (NCCL's
+the end). The message order is ClipLossFunction.backward's, for the same reason (NCCL's
 in-order, rendezvous P2P): per step, batch A moves the next text block while the kernels
 run; batch C, after them, sends this block's partial on and receives the next block's,
 which lands while the next step computes.
