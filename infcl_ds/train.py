@@ -50,6 +50,36 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# batch.chunk: auto without a GPU to plan for (the CPU tests and demos): the recipe default.
+AUTO_CHUNK_CPU = 64
+
+
+def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
+    """The recipe with `batch.chunk: auto` replaced by the planner's choice for this GPU
+    (plan.auto_chunk), the smallest over the ranks (GPUs of different sizes in one job); every
+    rank plans the same recipe, so all raise alike before the collective."""
+    import deepspeed.comm as dist
+
+    from .plan.errors import PlanError
+    from .plan.plan import auto_chunk, recipe_with
+    check_world(recipe, world)
+    if device.type == "cuda":
+        try:
+            chunk = auto_chunk(recipe, world, torch.cuda.get_device_properties(device).total_memory,
+                               max(1, torch.cuda.device_count()))
+        except PlanError as err:
+            raise RecipeError(f"recipe: {err}; set batch.chunk to a number") from err
+    else:
+        chunk = min(AUTO_CHUNK_CPU, recipe.local_batch(world))
+    if world > 1:
+        smallest = torch.tensor([chunk], device=device)  # NCCL takes CUDA tensors, gloo CPU ones
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+        chunk = int(smallest.item())
+    if rank == 0:
+        print(f"batch.chunk=auto: {chunk} samples per chunk", file=sys.stderr, flush=True)
+    return recipe_with(recipe, "batch", chunk=chunk)
+
+
 class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
@@ -71,6 +101,8 @@ class Trainer:
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
+        if recipe.batch.chunk == "auto":
+            recipe = self.recipe = resolve_auto_chunk(recipe, self.world, self.device, self.rank)
         # Everything below up to the model is checked by every rank on the same inputs: all
         # raise alike, none is left waiting in a collective.
         check_world(recipe, self.world)

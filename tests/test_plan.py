@@ -252,7 +252,7 @@ def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
     assert plan.fits and plan.image_bytes == mem.DEFAULT_IMAGE_BYTES
     assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
-    assert plan.host[mem.DECODING] == 8 * (2 * 5 * 4 * 32 * 3 * 224 ** 2 + 5 * (GIB // 10))
+    assert plan.host[mem.DECODING] == 8 * (2 * 7 * 4 * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))  # 7 decode processes
     assert plan.host_bytes < decoded.host_bytes / 3
     assert plan.step_seconds > 0 and plan.time.hop is not None and plan.time.hop.hidden
     assert main(["--config", str(RECIPES / "vit-l14-12m-32gpu.yaml"), "--gpu-memory", "80GiB"]) == 0
@@ -412,3 +412,30 @@ def test_decoding_rate_binds_the_step(rates, capsys):
     decoded = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.host_batch=decoded"]), 1, 139 * GIB, 1,
                         128 * GIB, rates=rates)
     assert not decoded.fits and decoded.verdict.startswith("does not fit: host memory per node needs")
+
+
+@pytest.mark.parametrize("name,gpus,gib", [("vit-b16-1m-8gpu", 8, 80), ("vit-l14-4m-8gpu", 8, 80),
+                                           ("vit-l14-4m-8gpu", 8, 24), ("vit-b32-512k-1gpu", 1, 141)])
+def test_chunk_auto_is_the_largest_power_of_two_that_fits(name, gpus, gib):
+    """batch.chunk=auto: the planner's largest power of two (capped at AUTO_CHUNK_MAX and the
+    local batch) whose planned peak is within 90% of the GPU's memory; twice it is not."""
+    from infcl_ds.plan.plan import AUTO_CHUNK_MAX, auto_chunk, recipe_with
+    recipe = load_recipe(RECIPES / f"{name}.yaml", ["batch.chunk=auto"])
+    chunk = auto_chunk(recipe, gpus, gib * GIB)
+    assert chunk & (chunk - 1) == 0 and chunk <= AUTO_CHUNK_MAX
+
+    def peak(c):
+        return make_plan(recipe_with(recipe, "batch", chunk=c), gpus, gib * GIB).peak_gpu_bytes
+    assert peak(chunk) <= 0.9 * gib * GIB
+    if chunk < AUTO_CHUNK_MAX:
+        assert peak(2 * chunk) > 0.9 * gib * GIB
+    plan = make_plan(recipe, gpus, gib * GIB)  # `auto` in a plan: the same choice, reported
+    assert plan.recipe.batch.chunk == chunk
+
+
+def test_chunk_auto_that_cannot_fit_is_a_plan_error():
+    from infcl_ds.plan.errors import PlanError
+    from infcl_ds.plan.plan import auto_chunk
+    recipe = load_recipe(RECIPES / "vit-l14-4m-8gpu.yaml", ["batch.chunk=auto"])
+    with pytest.raises(PlanError, match="batch.chunk=auto: not even a chunk of 1 fits"):
+        auto_chunk(recipe, 8, 2 * GIB)

@@ -113,6 +113,17 @@ def test_every_rank_refuses_an_indivisible_batch(tmp_path):
         assert "not divisible by the world size 2" in (tmp_path / f"rank{rank}.log").read_text()
 
 
+def test_chunk_auto_resolves_alike_on_every_rank(tmp_path):
+    # batch.chunk=auto on CPU ranks (no GPU to plan for): min(64, the local batch of 8); the run
+    # trains with it and its saved recipe holds the number, so a resume needs no planning.
+    import yaml
+    procs = start_ranks(2, ["batch.chunk=auto", "schedule.steps=2", f"output_dir={tmp_path}"], log_dir=tmp_path)
+    assert wait_all(procs, timeout=300) == [0, 0]
+    assert "batch.chunk=auto: 8 samples per chunk" in (tmp_path / "rank0.log").read_text()
+    saved = yaml.safe_load(next((tmp_path / "checkpoints").glob("step_*/recipe.yaml")).read_text())
+    assert saved["batch"]["chunk"] == 8
+
+
 def test_digits_run_evaluates_like_the_eval_command(tmp_path):
     # Real shards, the quickstart's model, 3 steps on 2 ranks: the trainer's final zero-shot
     # evaluation equals `infcl-ds eval` on the checkpoint it wrote.

@@ -84,7 +84,9 @@ class DataSection(Section):
 class BatchSection(Section):
     # YAML spells the global batch `global` (a Python keyword, hence the field's name).
     global_size: PositiveInt = Field(512, alias="global")  # the contrastive batch across all ranks
-    chunk: PositiveInt = 64                      # samples encoded at once (activation memory)
+    # Samples encoded at once (activation memory); auto: the largest power of two (at most
+    # 2048) whose planned peak fits 90% of this GPU's memory (plan/plan.py: auto_chunk).
+    chunk: Union[PositiveInt, Literal["auto"]] = 64
     offload_features: bool = False               # cached features in pinned host memory
 
 
@@ -177,7 +179,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _across_sections(self):
-        if self.batch.chunk > self.batch.global_size:
+        if self.batch.chunk != "auto" and self.batch.chunk > self.batch.global_size:
             raise ValueError(f"batch.chunk={self.batch.chunk} is larger than batch.global={self.batch.global_size}")
         if self.data.synthetic_size is None:
             self.data.synthetic_size = max(SYNTHETIC_SIZE, self.batch.global_size)
@@ -358,7 +360,7 @@ def check_world(recipe: Recipe, world_size: int) -> None:
                           f"(nearest valid: {b.global_size // world_size * world_size} or "
                           f"{(b.global_size // world_size + 1) * world_size})")
     local = b.global_size // world_size
-    if b.chunk > local:
+    if b.chunk != "auto" and b.chunk > local:
         raise RecipeError(f"recipe: batch.chunk={b.chunk} is larger than the local batch {local} "
                           f"(batch.global={b.global_size} over {world_size} ranks)")
 
