@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..plan.cli import parse_size
-from .common import run_identity
+from .common import run_identity, write_rows
 
 GIB = 2 ** 30
 
@@ -163,8 +163,8 @@ def main(argv=None):
         run = run_trainer(args.recipe, args.steps, False, log, host_batch, run_dir, args.overrides)
         rows.append(measured_row(row, run, step_rows(run_dir)))
         print(json.dumps(rows[-1], indent=1), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": identity, "rows": rows}, indent=1) + "\n")
+        write_rows(args.out, rows, identity)  # after each form: a call cut short keeps what it measured
+    write_rows(args.out, rows, identity)
     from .plot_data import plot_host_memory
     plot_host_memory(args.out, args.out.with_suffix(".png"))
     return rows
