@@ -62,10 +62,11 @@ class MemorySampler(threading.Thread):
 
 def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path,
                 overrides=()) -> dict:
-    command = [sys.executable, "-m", "infcl_ds.train", "--config", str(recipe), "--set", f"schedule.steps={steps}",
-               "--set", f"data.host_batch={host_batch}", "--set", f"output_dir={run_dir}"]
-    for override in overrides:
+    command = [sys.executable, "-m", "infcl_ds.train", "--config", str(recipe)]
+    for override in overrides:  # first: the run's own steps, host form and directory win
         command += ["--set", override]
+    command += ["--set", f"schedule.steps={steps}", "--set", f"data.host_batch={host_batch}",
+                "--set", f"output_dir={run_dir}"]
     if resume:  # to more steps than the first run's recipe: a schedule change, allowed here
         command += ["--resume", "latest", "--allow-recipe-change"]
     started = time.monotonic()

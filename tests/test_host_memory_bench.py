@@ -1,0 +1,44 @@
+"""`python -m infcl_ds.bench.host_memory` on CPU: the tiny model on the digits shards, both host
+forms, two steps each, then a resume: rows with the measured and planned figures, the user's
+--set keys applied without overriding the run's own steps, form and directory."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from infcl_ds.bench.common import free_port
+from infcl_ds.data.digits import build_digits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(tmp_path, *extra):
+    env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+               WORLD_SIZE="1", LOCAL_RANK="0", OMP_NUM_THREADS="1")
+    sets = ["data.source=webdataset", f"data.train={tmp_path / 'digits' / 'train'}", "batch.global=64",
+            "batch.chunk=32", f"output_dir={tmp_path / 'run'}", "data.workers=0", "eval.every=0",
+            "schedule.warmup_steps=1"]
+    argv = [sys.executable, "-m", "infcl_ds.bench.host_memory", "--recipe", "ds_configs/recipes/tiny-cpu.yaml",
+            "--host-memory", "16GiB", "--out", str(tmp_path / "hm.json"), *extra]
+    for item in sets:
+        argv += ["--set", item]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((tmp_path / "hm.json").read_text())
+
+
+def test_host_memory_rows_for_both_forms_and_a_resume(tmp_path):
+    build_digits(tmp_path / "digits", image_size=32)
+    data = _bench(tmp_path, "--steps", "2")
+    rows = {r["host_batch"]: r for r in data["rows"]}
+    assert set(rows) == {"encoded", "decoded"}
+    for form, row in rows.items():
+        assert row["status"] == "measured" and row["steps"] == [1, 2], row
+        assert row["host_gib"] == 16 and row["plan_host_gib"] > 0 and row["step_s"] > 0
+        assert f"output_dir={tmp_path / 'run'}-{form}" in row["command"]
+    # Held encoded, a 32 px PNG sample is a fraction of its decoded pixels + tokens.
+    assert rows["encoded"]["bytes_per_sample"] < rows["decoded"]["bytes_per_sample"]
+    resumed = _bench(tmp_path, "--steps", "3", "--resume")
+    encoded = next(r for r in resumed["rows"] if r["host_batch"] == "encoded")
+    assert encoded["resume"]["steps"] == [3] and encoded["resume"]["first_step_after_resume"] == 3
