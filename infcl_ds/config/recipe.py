@@ -59,8 +59,9 @@ class DataSection(Section):
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
     decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
     # encoded: pil is open_clip's PIL pipeline, pixel for pixel; torchvision decodes with
-    # torchvision.io (libjpeg-turbo) and resizes with torch in the same processes, ~1.7x the rate
-    # per process, pixels 0.14 uint8 levels from PIL's on average (tests/test_encoded.py).
+    # torchvision.io (libjpeg-turbo) and resizes with torch in the same processes: 1.26x PIL's
+    # rate for one process on an H200 host, 1.15x per process during a step (docs/benchmarks.md);
+    # pixels 0.14 uint8 levels from PIL's on average (tests/test_encoded.py).
     decoder: Literal["pil", "torchvision"] = "pil"
     keep_decoded_gib: NonNegativeFloat = 0.0     # encoded: GPU memory keeping the first pass's decoded chunks
                                                  # for the grad pass (those are decoded once per step, not twice)
