@@ -439,3 +439,22 @@ def test_chunk_auto_that_cannot_fit_is_a_plan_error():
     recipe = load_recipe(RECIPES / "vit-l14-4m-8gpu.yaml", ["batch.chunk=auto"])
     with pytest.raises(PlanError, match="batch.chunk=auto: not even a chunk of 1 fits"):
         auto_chunk(recipe, 8, 2 * GIB)
+
+
+def test_a_fitting_zero3_recipe_is_told_when_zero2_fits_too(capsys):
+    recipe = RECIPES / "vit-l14-256k-8gpu.yaml"
+    plan = make_plan(load_recipe(recipe, ["zero.stage=3"]), 8, 80 * GIB)
+    assert plan.fits and len(plan.advice) == 1 and plan.advice[0].startswith("zero.stage=2 also fits (")
+    assert make_plan(load_recipe(recipe), 8, 80 * GIB).advice == ()  # ZeRO-2 already
+    # Where only ZeRO-3 fits, no advice: ViT-L-14 on 16 GB GPUs with checkpointing.
+    tight = load_recipe(recipe, ["zero.stage=3", "model.grad_checkpointing=true", "batch.chunk=16"])
+    two_of = load_recipe(recipe, ["zero.stage=2", "model.grad_checkpointing=true", "batch.chunk=16"])
+    three_peak = make_plan(tight, 8, 80 * GIB).peak_gpu_bytes
+    two_peak = make_plan(two_of, 8, 80 * GIB).peak_gpu_bytes
+    assert three_peak < two_peak  # ZeRO-2's unsharded bf16 weights
+    between = (three_peak + two_peak) // 2
+    three = make_plan(tight, 8, between)
+    assert three.fits and not make_plan(two_of, 8, between).fits and three.advice == ()
+    assert main(["--config", str(recipe), "--gpus", "8", "--set", "zero.stage=3"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-3].startswith("advice: zero.stage=2 also fits") and out[-2].startswith("fits: ")

@@ -64,6 +64,7 @@ class Plan:
     inputs: Optional[InputRate] = None     # decoding against the step (encoded host batches)
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
+    advice: Tuple[str, ...] = ()           # a fitting recipe's faster alternatives
 
     @property
     def components(self) -> Dict[str, int]:
@@ -204,8 +205,17 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     plan = assess(recipe, gpus, gpu_memory_bytes, gpus_per_node, host_memory_bytes, rates, **settings)
     plan = dataclasses.replace(plan, host_memory_assumed=assumed)
     if plan.fits:
-        return dataclasses.replace(plan, verdict=f"fits: {mem.gib(plan.peak_gpu_bytes)} GiB of "
-                                                 f"{gpu_memory_bytes / mem.GIB:.4g} GiB")
+        advice = ()
+        if recipe.zero.stage == 3 and recipe.zero.base_config is None:
+            # ZeRO-3 regathers every parameter for every chunk of both passes: 2.7x slower steps
+            # than ZeRO-2 on one H200 (ViT-B-16, docs/benchmarks.md). Say so when ZeRO-2 fits.
+            stage2 = assess(recipe_with(recipe, "zero", stage=2), gpus, gpu_memory_bytes, gpus_per_node,
+                            host_memory_bytes, rates, model=plan.model, **settings)
+            if stage2.fits:
+                advice = (f"zero.stage=2 also fits ({mem.gib(stage2.peak_gpu_bytes)} GiB per GPU) and needs no "
+                          f"per-chunk parameter gathers: ZeRO-3 steps were 2.7x slower on one H200",)
+        return dataclasses.replace(plan, advice=advice, verdict=f"fits: {mem.gib(plan.peak_gpu_bytes)} GiB of "
+                                                                f"{gpu_memory_bytes / mem.GIB:.4g} GiB")
 
     def fits(candidate: Recipe, n: int) -> bool:
         try:

@@ -123,7 +123,8 @@ def _limit_lines(plan: Plan) -> List[str]:
 def render_plan(plan: Plan) -> str:
     """The full report; the verdict comes second to last and `peak per GPU: X GiB` last."""
     lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan), ""] + _time_lines(plan)
-    lines += [""] + _limit_lines(plan) + [plan.verdict, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
+    lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice]
+    lines += [plan.verdict, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
     return "\n".join(lines)
 
 
