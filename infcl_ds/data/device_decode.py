@@ -1,17 +1,15 @@
-"""Decoding encoded host batches on the GPU: nvJPEG through `torchvision.io.decode_jpeg`, then
-open_clip's crop and resize on the device. Measured by `infcl-ds bench data`; not a trainer
-option yet.
+"""Decoding encoded host batches with torchvision: nvJPEG on the GPU (`infcl-ds bench data`; not
+a trainer option yet), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder: torchvision`,
+in the decode processes); then open_clip's crop and resize with torch on the same device.
 
-CPU decode processes (data/encoded.py) reproduce open_clip's PIL pipeline exactly, but a step
-decodes every sample twice, and a fast encoder can outrun the host's cores. Here the JPEG is
-decoded by the GPU and cropped and resized there, with the crop drawn exactly as the PIL path
-draws it (the same RandomResizedCrop parameters from the same per-slot seed). The pixels cannot
-be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic resize): on the CPU
-(torchvision's libjpeg decoder, tests/test_encoded.py) they differ by 0.14 uint8 levels on
-average. On an H200 with torchvision 0.26 a first measurement (2,068 samples/s) read 74 levels:
-the benchmark's fault, which compared with the PIL pixels of another batch; `bench data` now
-compares the same rows. Images that are not JPEG (PNG, WebP) and JPEGs the decoder refuses are
-decoded by PIL on the host, then cropped on the device the same way; an image neither can decode is replaced as in data/encoded.py.
+CPU decode processes with PIL (data/encoded.py) reproduce open_clip's pipeline exactly, but a step
+decodes every sample twice, and a fast encoder can outrun the host's cores. Here the crop is drawn
+exactly as the PIL path draws it (the same RandomResizedCrop parameters from the same per-slot
+seed); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic
+resize): 0.14 uint8 levels on average on the CPU (tests/test_encoded.py), 0.46 with nvJPEG on an
+H200 (3,725 samples/s in one process; docs/benchmarks.md). Images that are not JPEG (PNG, WebP)
+and JPEGs the decoder refuses are decoded by PIL, then cropped the same way; an image neither can
+decode is replaced as in data/encoded.py.
 """
 from typing import List, Optional
 
