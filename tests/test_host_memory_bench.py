@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _bench(tmp_path, *extra):
     env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                WORLD_SIZE="1", LOCAL_RANK="0", OMP_NUM_THREADS="1")
-    sets = ["data.source=webdataset", f"data.train={tmp_path / 'digits' / 'train'}", "batch.global=64",
+    sets = ["data.source=webdataset", f"data.train={tmp_path / 'digits' / 'train'}",
+            f"data.eval={tmp_path / 'digits' / 'test'}", "batch.global=64",
             "batch.chunk=32", f"output_dir={tmp_path / 'run'}", "data.workers=0", "eval.every=0",
             "schedule.warmup_steps=1"]
     argv = [sys.executable, "-m", "infcl_ds.bench.host_memory", "--recipe", "ds_configs/recipes/tiny-cpu.yaml",
