@@ -21,10 +21,9 @@ def plot_data(json_path: Path, png_path: Path) -> None:
         if pts:
             ax.plot([r["workers"] for r in pts], [r["samples_per_s"] for r in pts], marker,
                     label=f"{impl}: decode + open_clip train transform")
-    steps = [r for r in rows if r["what"] == "train" and r["step"] > 1]
-    if steps:
-        ax.plot([r["decode_workers"] for r in steps], [r["decodes_per_s"] for r in steps], "*", ms=12,
-                label=f"pil: during a {steps[0]['model']} training step (B={steps[0]['B']:,})")
+    for r in (r for r in rows if r["what"] == "train" and r["step"] > 1):
+        ax.plot([r["decode_workers"]], [r["decodes_per_s"]], "*", ms=12,
+                label=f"{r.get('impl', 'pil')}: during a {r['model']} training step (B={r['B']:,})")
     for r in (r for r in rows if r["what"] == "needed"):
         ax.axhline(r["decodes_per_s_per_rank"], ls=":", lw=1, color="gray")
         ax.annotate(f"{r['recipe']} needs", (0, r["decodes_per_s_per_rank"]), fontsize=7, va="bottom")
