@@ -4,10 +4,10 @@
 OpenCLIP's `--accum-freq` is the same cached-feature scheme as this engine (a no-grad pass, then a
 pass with grad per chunk), so its trainer at `--local-loss --gather-with-grad --accum-freq K` is
 the baseline a user of a batch that fits OpenCLIP compares with. It runs as a subprocess
-(`torchrun` for several ranks), on synthetic data, with no logs or checkpoints written; its
-samples/s per step are read from its own log lines ("Batch (t): 0.123, 4567.8/s, ...").
+(`torchrun` for several ranks), on synthetic data, its logs and checkpoints in a temporary
+directory removed afterwards; its samples/s per step are read from its own log lines ("Batch (t): 0.123, 4567.8/s, ...").
 
-    python -m infcl_ds.bench.open_clip_train [--model-config-dir D] [--infcl-loss] [--record-losses F] -- ARGS
+    python -m infcl_ds.bench.open_clip_train [--model-config-dir D] [--infcl-loss] [--record-losses F] -- ARGS...
 
 runs `open_clip_train.main.main(ARGS)` in this process, after registering the model configs in D
 with open_clip, swapping open_clip_train's loss for `infcl_ds.ClipLoss` with the same flags
@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -41,7 +42,7 @@ def open_clip_train_args(model: str, global_batch: int, world: int, per_rank_bat
     argv = [*(data or ["--dataset-type", "synthetic"]), "--train-num-samples", str(global_batch * steps), "--epochs", "1",
             "--model", model, "--batch-size", str(per_rank_batch), "--accum-freq", str(global_batch // per_step),
             "--precision", precision, "--local-loss", "--gather-with-grad", "--workers", str(workers),
-            "--log-every-n-steps", "1", "--logs", "none", "--warmup", "1", "--lr", "5e-4", "--seed", "0"]
+            "--log-every-n-steps", "1", "--warmup", "1", "--lr", "5e-4", "--seed", "0"]
     if not device_is_cuda:
         argv += ["--dist-backend", "gloo"]
     if compile:
@@ -62,10 +63,13 @@ def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), 
                         log: Optional[Path] = None) -> dict:
     """Run it; returns {"step_s": [...], "samples_per_s": [...], "wall_s", "command"} read from its
     log. Raises RuntimeError naming the log's tail when it fails."""
-    command = launch_command(world, list(runner_args), argv, port)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.monotonic()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    # open_clip_train writes its logs (and --save-most-recent checkpoints) under --logs; "none"
+    # is not special there, so each run gets its own directory, never the caller's cwd.
+    with tempfile.TemporaryDirectory(prefix="open_clip_train-") as logs:
+        command = launch_command(world, list(runner_args), [*argv, "--logs", logs], port)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     output = proc.stdout + proc.stderr
     if log is not None:
         log.write_text(output)
@@ -73,7 +77,8 @@ def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), 
         raise RuntimeError(f"open_clip_train exited with {proc.returncode}:\n{output[-3000:]}")
     steps = [(float(a), float(b)) for a, b in STEP_LINE.findall(output)]
     return {"step_s": [s for s, _ in steps], "samples_per_s": [r for _, r in steps],
-            "wall_s": time.monotonic() - started, "command": " ".join(command[1:])}
+            "wall_s": time.monotonic() - started,
+            "command": " ".join(launch_command(world, list(runner_args), argv, port)[1:])}
 
 
 # -- the runner (inside open_clip_train's process) -------------------------------------------
@@ -106,9 +111,10 @@ def runner(argv: List[str]) -> None:
     p.add_argument("--model-config-dir", help="open_clip model configs (JSON) to register first")
     p.add_argument("--infcl-loss", action="store_true", help="train with infcl_ds.ClipLoss instead")
     p.add_argument("--record-losses", help="write every loss value to this JSON file + .rankR, one per rank")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then open_clip_train's arguments")
-    args = p.parse_args(argv)
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    # open_clip_train's arguments follow "--"; split there, since argparse's REMAINDER
+    # misreads them when no option of ours comes first.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, rest = p.parse_args(argv[:cut]), argv[cut + 1:]
     import open_clip
     import open_clip_train.main as octm
     if args.model_config_dir:

@@ -132,3 +132,46 @@ def plot_train(json_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+
+
+def plot_train_configurations(json_path: Path, png_path: Path) -> None:
+    """Trainers side by side (docs/benchmarks/vs_open_clip.json): steady samples/s of each
+    configuration (impl, compiled or eager, ZeRO stage) per model and global batch; a
+    configuration that did not run at a batch shows its status instead of a bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(json_path).read_text())
+    rows = data["rows"]
+    groups = sorted({(r["model"], r["B"]) for r in rows}, key=lambda g: (g[0], g[1]))
+
+    def label(r):
+        zero = f", ZeRO-{r['zero']}" if r.get("zero") is not None else ""
+        return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}"
+    configs = sorted({label(r) for r in rows})
+    colors = plt.get_cmap("tab10")
+    width = 0.8 / max(1, len(configs))
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(groups) + 3), 5))
+    for c, config in enumerate(configs):
+        for g, group in enumerate(groups):
+            row = next((r for r in rows if label(r) == config and (r["model"], r["B"]) == group), None)
+            if row is None:
+                continue
+            x = g + (c - (len(configs) - 1) / 2) * width
+            if row.get("status") == "measured":
+                ax.bar(x, row["samples_per_s"], width, color=colors(c), label=config)
+                ax.text(x, row["samples_per_s"], f"{row['samples_per_s']:,.0f}", ha="center", va="bottom", fontsize=7)
+            else:
+                ax.text(x, 0, row.get("status", "?"), rotation=90, ha="center", va="bottom", fontsize=7, color=colors(c))
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{m}\nB={b:,}" for m, b in groups])
+    ax.set_ylabel("samples / s (steady steps)")
+    meta = data["meta"]
+    ax.set_title(f"Trainers on {meta.get('device', '')}, commit {meta.get('commit', '')}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)

@@ -12,7 +12,9 @@ so host memory stays bounded at any batch (the per-chunk transfer is what is mea
 The slope of peak memory against the local batch is written to the JSON's meta.
 
 Each impl is best run as its own command under 10 minutes; ``--append`` merges rows into
-the JSON of an earlier command of the same commit and device.
+the JSON of an earlier command of the same commit and device (a row of the same impl, model,
+batch, world, compile and ZeRO stage is replaced). Every row's figures are the mean of
+``--steps`` steps after an untimed one of the same shapes (its time: ``first_step_s``).
 """
 import argparse
 import json
@@ -77,7 +79,24 @@ def _recipe(args, world, args_batch):
     return load_recipe(None, [f"model.name={args.model}", f"batch.global={args_batch}", f"batch.chunk={args.chunk}",
                               f"zero.stage={args.zero}", "precision.dtype=bf16",
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
-                              f"batch.offload_features={str(args.offload_features).lower()}"])
+                              f"batch.offload_features={str(args.offload_features).lower()}",
+                              # The pool is held decoded: the plan has no decoding to wait for.
+                              "data.host_batch=decoded"])
+
+
+def _resolve_chunk(args, world):
+    """--chunk auto: the planner's choice (plan.auto_chunk) for GPU 0 at the first batch, as
+    `batch.chunk: auto` resolves in training; 64 on CPU ranks."""
+    if args.chunk != "auto":
+        return int(args.chunk)
+    B = parse_sizes(args.batch)[0]
+    if not torch.cuda.is_available():
+        return min(64, B // world)
+    from ..plan.plan import auto_chunk
+    chunk = auto_chunk(_recipe(args, world, B), world, torch.cuda.get_device_properties(0).total_memory,
+                       torch.cuda.device_count())
+    print(f"--chunk auto: {chunk} samples per chunk", flush=True)
+    return chunk
 
 
 def _prediction(args, B, world):
@@ -106,16 +125,51 @@ def _pool(args, info, device):
 
 
 def _timed_steps(step_engine, batch, steps, device):
+    """`steps` + 1 steps; the first (compilation, tile tuning, allocator growth at this shape)
+    is untimed for the figures. Returns (first step's seconds, the timed ones', last loss)."""
     times = []
-    for _ in range(steps):
+    for i in range(steps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize()
+            if i == 1:  # the phases' peaks of the steady steps, not the first's
+                torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         loss = step_engine.train_step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return min(times), float(loss)
+    return times[0], times[1:], float(loss)
+
+
+def compiled_gradient_check(model_name, pool, n, device):
+    """The compiled towers against the eager ones on one chunk of `n` pool samples, bf16 on
+    `device`: the largest feature difference and the largest parameter-gradient difference,
+    each relative to the eager tensor's largest magnitude (bf16 noise is ~1e-2)."""
+    import copy
+    from ..engine.compile import compile_encoders
+    from ..models import create_model, model_info
+    torch.manual_seed(0)
+    eager = create_model(model_name).to(device=device, dtype=torch.bfloat16)
+    compiled = copy.deepcopy(eager)
+    compile_encoders(compiled)
+    mean = torch.tensor(model_info(eager)["mean"], device=device).view(1, 3, 1, 1)
+    std = torch.tensor(model_info(eager)["std"], device=device).view(1, 3, 1, 1)
+    images = ((pool[0][:n].to(device).float() / 255 - mean) / std).to(torch.bfloat16)
+    texts = pool[1][:n].to(device)
+    out = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        image_f, text_f = model.encode_image(images, normalize=True), model.encode_text(texts, normalize=True)
+        g = torch.Generator(device=device).manual_seed(1)
+        weights = torch.randn(image_f.shape, device=device, generator=g, dtype=image_f.dtype)
+        ((image_f * weights).sum() + (text_f * weights).sum()).float().backward()
+        out[name] = (torch.cat([image_f.float(), text_f.float()]),
+                     {k: p.grad.float() for k, p in model.named_parameters() if p.grad is not None})
+    (fe, ge), (fc, gc) = out["eager"], out["compiled"]
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))  # noqa: E731
+    # nn.Module.compile compiles in place: both models name their parameters alike.
+    worst = max(ge, key=lambda k: rel(gc[k], ge[k]))
+    return {"samples": n, "features_rel_diff": rel(fc, fe),
+            "gradient_rel_diff": rel(gc[worst], ge[worst]), "worst_parameter": worst}
 
 
 def _worker(rank, world, args, port, ident):
@@ -127,19 +181,24 @@ def _worker(rank, world, args, port, ident):
     rows, meta = [], dict(ident, world=world, argv=args.argv, model=args.model, chunk=args.chunk, zero=args.zero)
     if args.append and out.is_file():
         old = json.loads(out.read_text())
-        rows = [r for r in old["rows"] if r.get("impl") not in args.impl.split(",")]
-        meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}, "argv_" + args.impl: args.argv}
+        # This run's configurations replace their earlier rows; other configurations stay.
+        rows = [r for r in old["rows"] if row_key(r) not in
+                {(i, args.model, B, world, args.compile, args.zero) for i in args.impl.split(",") for B in parse_sizes(args.batch)}]
+        meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
         step_engine = _engine(args, impl, rank, world, device)
         info = model_info(step_engine.model)
         pool = _pool(args, info, device)
-        # Warm-up at two chunks: kernels compiled, tiles tuned, allocator primed.
-        warmup_step_s, _ = _timed_steps(step_engine, CyclingHostBatch(2 * args.chunk, *pool), 1, device)
+        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device)
+                 if args.compile and cuda and impl == "infcl_ds" else None)
+        if check and rank == 0:
+            print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e}, "
+                  f"gradients {check['gradient_rel_diff']:.2e} ({check['worst_parameter']})", flush=True)
         for B in parse_sizes(args.batch):
             local = B // world
             row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
                    "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "compile": args.compile,
-                   "warmup_step_s": warmup_step_s, "status": "measured"}
+                   "status": "measured", **({"compile_check": check} if check else {})}
             if impl == "open_clip" and B > parse_sizes(args.open_clip_max_batch)[0]:
                 # Its B/W x B logits per rank: 64 GiB in bf16 at 256k on 2 GPUs, before softmax.
                 row.update(ident, status="not run: full logits exceed GPU memory")
@@ -149,9 +208,11 @@ def _worker(rank, world, args, port, ident):
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                seconds, loss = _timed_steps(step_engine, CyclingHostBatch(local, *pool), args.steps, device)
+                first, timed, loss = _timed_steps(step_engine, CyclingHostBatch(local, *pool), args.steps, device)
+                seconds = group_max(sum(timed) / len(timed))
                 phases = step_engine.phases.last
-                row.update(step_s=group_max(seconds), loss=loss, samples_per_s=B / group_max(seconds),
+                row.update(step_s=seconds, first_step_s=group_max(first), steps_s=timed, loss=loss,
+                           samples_per_s=B / seconds, command=_command(args),
                            **{f"{k}_s": group_max(v["s"]) for k, v in phases.items()},
                            peak_mib={k: group_max(v["peak_mib"]) for k, v in phases.items()} if cuda else None)
                 row["loss_share"] = row["loss_s"] / row["step_s"]
@@ -180,9 +241,24 @@ def _worker(rank, world, args, port, ident):
         if cuda:
             torch.cuda.empty_cache()
     if rank == 0:
-        from .plot import plot_train
-        plot_train(out, out.with_suffix(".png"))
+        plot_train_rows(out)
     torch_dist.barrier()
+
+
+def row_key(row):
+    """What a row measured: a later run of the same configuration replaces it (--append)."""
+    return (row.get("impl"), row.get("model"), row.get("B"), row.get("world"), bool(row.get("compile")), row.get("zero"))
+
+
+def plot_train_rows(out: Path) -> None:
+    """The plot beside the JSON: engine phases and memory by batch, or, when the file compares
+    trainers or compiled and eager runs, samples/s per configuration."""
+    from .plot import plot_train, plot_train_configurations
+    rows = json.loads(out.read_text())["rows"]
+    if any(r["impl"] == "open_clip_train" or r.get("compile") for r in rows):
+        plot_train_configurations(out, out.with_suffix(".png"))
+    else:
+        plot_train(out, out.with_suffix(".png"))
 
 
 def _memory_slope(rows):
@@ -222,19 +298,25 @@ def _fmt(row):
                if row.get("plan_peak_mib") else ""))
 
 
+def _command(args):
+    import shlex
+    return "infcl-ds bench train " + " ".join(shlex.quote(a) for a in (args.argv or []))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="infcl-ds bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="ViT-B-16")
     p.add_argument("--batch", default="64k,256k", help="global batch sizes")
-    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--chunk", default="256", help="samples per encoder chunk, or auto (the planner's choice)")
     p.add_argument("--zero", type=int, default=2)
     p.add_argument("--impl", default="infcl_ds", help="comma list of infcl_ds, inf_cl, open_clip, open_clip_train")
     p.add_argument("--open-clip-train-batch-size", type=int, default=1024,
                    help="open_clip_train's --batch-size per rank (its --accum-freq makes up the global batch)")
     p.add_argument("--open-clip-train-modes", default="eager,compile", help="eager and/or compile (--torchcompile)")
     p.add_argument("--open-clip-max-batch", default="64k", help="largest B for OpenCLIP's full logits")
-    p.add_argument("--steps", type=int, default=1, help="timed steps per row (the fastest is kept)")
+    p.add_argument("--steps", type=int, default=2,
+                   help="timed steps per row (their mean), after one untimed step of the same shape")
     p.add_argument("--pool", type=int, default=4096, help="distinct host samples cycled through")
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoders (model.compile)")
@@ -245,6 +327,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    args.chunk = _resolve_chunk(args, world)
     impls = args.impl.split(",")
     if "open_clip_train" in impls:
         open_clip_train_rows(args, world)
@@ -259,10 +342,13 @@ def open_clip_train_rows(args, world: int) -> None:
     """OpenCLIP's trainer at each batch, eager and compiled: its steady samples/s (steps after
     the first, two for a compiled run, are the untimed warm-up) into --out beside this engine's."""
     from .open_clip_train import open_clip_train_args, run_open_clip_train
+    from ..models import CONFIG_DIR
     ident, out = run_identity(), Path(args.out)
     cuda = torch.cuda.is_available()
+    # This project's own model configs (infcl-tiny, ...) registered with open_clip there too.
+    runner_args = ["--model-config-dir", str(CONFIG_DIR)]
     old = json.loads(out.read_text()) if args.append and out.is_file() else {"meta": {}, "rows": []}
-    rows = [r for r in old["rows"] if r.get("impl") != "open_clip_train"]
+    rows = old["rows"]
     for B in parse_sizes(args.batch):
         for mode in args.open_clip_train_modes.split(","):
             compiled, warm = mode == "compile", 2 if mode == "compile" else 1
@@ -271,7 +357,7 @@ def open_clip_train_rows(args, world: int) -> None:
             row = {"impl": "open_clip_train", "model": args.model, "B": B, "world": world, "compile": compiled,
                    "zero": None, **ident}
             try:
-                run = run_open_clip_train(world, argv, free_port(), timeout_s=1800)
+                run = run_open_clip_train(world, argv, free_port(), runner_args, timeout_s=1800)
             except RuntimeError as err:
                 row.update(status="out of memory" if "out of memory" in str(err).lower() else "failed",
                            error=str(err)[-500:])
@@ -279,9 +365,10 @@ def open_clip_train_rows(args, world: int) -> None:
                 timed = run["step_s"][warm:]
                 row.update(status="measured", step_s=sum(timed) / len(timed), samples_per_s=B * len(timed) / sum(timed),
                            first_step_s=run["step_s"][0], steps_s=run["step_s"], command=run["command"])
-            rows.append(row)
+            rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
             print(f"open_clip_train {mode:7s} B={B:>8d}: {row.get('samples_per_s', row['status'])}", flush=True)
-            write_rows(out, rows, {**old["meta"], **ident, "argv_open_clip_train": args.argv})
+            write_rows(out, rows, {**old["meta"], **ident})
+    plot_train_rows(out)
 
 
 if __name__ == "__main__":
