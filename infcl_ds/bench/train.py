@@ -138,6 +138,8 @@ def _timed_steps(step_engine, batch, steps, device):
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples: {times[-1]:.2f} s{' (untimed)' if i == 0 else ''}",
+              flush=True)
     return times[0], times[1:], float(loss)
 
 
