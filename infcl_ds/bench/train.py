@@ -271,8 +271,9 @@ def _memory_slope(rows):
     phase's own slope is the one that decides at the largest batches."""
     out = {}
     for impl in {r["impl"] for r in rows}:
-        mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"]
-        if len(mine) < 2:
+        mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"
+                and not r.get("compile") and r.get("zero") == rows[-1].get("zero")]
+        if len({r["local"] for r in mine}) < 2:  # a slope needs two local batches
             continue
         D = mine[0]["D"]
         out[impl] = {"bytes_per_sample": _slope([(r["local"], r["peak_mib_max"] * 2**20) for r in mine]),
