@@ -148,7 +148,8 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
 
     def label(r):
         zero = f", ZeRO-{r['zero']}" if r.get("zero") is not None else ""
-        return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}"
+        extra = "".join(f", {item.split('=')[0].split('.')[-1]}" for item in r.get("set", ()))
+        return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}{extra}"
     configs = sorted({label(r) for r in rows})
     colors = plt.get_cmap("tab10")
     width = 0.8 / max(1, len(configs))

@@ -81,7 +81,7 @@ def _recipe(args, world, args_batch):
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
                               f"batch.offload_features={str(args.offload_features).lower()}",
                               # The pool is held decoded: the plan has no decoding to wait for.
-                              "data.host_batch=decoded"])
+                              "data.host_batch=decoded", *args.set])
 
 
 def _resolve_chunk(args, world):
@@ -185,7 +185,7 @@ def _worker(rank, world, args, port, ident):
         old = json.loads(out.read_text())
         # This run's configurations replace their earlier rows; other configurations stay.
         rows = [r for r in old["rows"] if row_key(r) not in
-                {(i, args.model, B, world, args.compile, args.zero) for i in args.impl.split(",") for B in parse_sizes(args.batch)}]
+                {(i, args.model, B, world, args.compile, args.zero, tuple(args.set)) for i in args.impl.split(",") for B in parse_sizes(args.batch)}]
         meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
         step_engine = _engine(args, impl, rank, world, device)
@@ -200,7 +200,8 @@ def _worker(rank, world, args, port, ident):
             local = B // world
             row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
                    "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "compile": args.compile,
-                   "status": "measured", **({"compile_check": check} if check else {})}
+                   "status": "measured", **({"compile_check": check} if check else {}),
+                   **({"set": args.set} if args.set else {})}
             if impl == "open_clip" and B > parse_sizes(args.open_clip_max_batch)[0]:
                 # Its B/W x B logits per rank: 64 GiB in bf16 at 256k on 2 GPUs, before softmax.
                 row.update(ident, status="not run: full logits exceed GPU memory")
@@ -249,7 +250,8 @@ def _worker(rank, world, args, port, ident):
 
 def row_key(row):
     """What a row measured: a later run of the same configuration replaces it (--append)."""
-    return (row.get("impl"), row.get("model"), row.get("B"), row.get("world"), bool(row.get("compile")), row.get("zero"))
+    return (row.get("impl"), row.get("model"), row.get("B"), row.get("world"), bool(row.get("compile")), row.get("zero"),
+            tuple(row.get("set", ())))
 
 
 def plot_train_rows(out: Path) -> None:
@@ -324,6 +326,8 @@ def main(argv=None):
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoders (model.compile)")
     p.add_argument("--offload-features", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe keys for this engine's rows, e.g. zero.overrides={...} (repeatable)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
     p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")
     p.add_argument("--out", default="docs/benchmarks/train.json")
