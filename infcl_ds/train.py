@@ -129,7 +129,7 @@ class Trainer:
             model.to(self.device), build_deepspeed_config(recipe, self.world), recipe.batch.chunk,
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
             grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
-            compile_backend="inductor" if recipe.model.compile else None)
+            compile_backend="inductor" if recipe.compiles(self.device.type) else None)
         self.data = self._train_data()
         self.eval_data = self._eval_data()
         self.step = 0

@@ -12,7 +12,7 @@ from infcl_ds.plan import memory as mem
 from infcl_ds.plan.cli import hostfile_world, main, parse_size
 from infcl_ds.plan import calibrate
 from infcl_ds.plan.encoders import ACTIVATION_CALIBRATION, DEFAULT_ACTIVATION_CALIBRATION, estimate_model
-from infcl_ds.plan.timing import DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
+from infcl_ds.plan.timing import COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
 
 GIB = 1 << 30
 RECIPES = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes"
@@ -153,13 +153,27 @@ def test_step_time_follows_the_engine_phases(rates):
     """encode = one no-grad forward, re-encode = forward + backward (+ a forward recomputed with
     checkpointing): measured per-sample times for ViT-B-16, FLOPs at a rate otherwise."""
     measured = MEASURED_ENCODER_RATES["ViT-B-16"]
-    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", "batch.chunk=256"])
+    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", "batch.chunk=256", "model.compile=false"])
     t = make_plan(recipe, 2, 141 * GIB, rates=rates).time
     assert t.encoder_measured
     assert (t.encode, t.reencode) == (32768 * measured.forward, 32768 * measured.forward_backward)
     assert t.total == t.encode + t.reencode + t.loss
+    # Compiled towers (model.compile: auto plans for GPUs, true): their own measured rate, which
+    # is faster; a model whose compiled towers were not measured keeps its eager rate.
+    compiled = COMPILED_ENCODER_RATES["ViT-B-16"]
+    assert compiled.forward + compiled.forward_backward < measured.forward + measured.forward_backward
+    for value in ("auto", "true"):
+        t = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", f"model.compile={value}"]), 2,
+                      141 * GIB, rates=rates).time
+        assert (t.encode, t.reencode) == (32768 * compiled.forward, 32768 * compiled.forward_backward)
+    assert "ViT-L-14" not in COMPILED_ENCODER_RATES
+    eager_l14, compiled_l14 = (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384",
+                                                           f"model.compile={v}"]), 1, 141 * GIB, rates=rates).time
+                               for v in ("false", "true"))
+    assert compiled_l14.encoders == eager_l14.encoders and "not measured" in compiled_l14.encoder_source
     ckpt = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", "batch.chunk=256",
-                                        "model.grad_checkpointing=true"]), 2, 141 * GIB, rates=rates).time
+                                        "model.grad_checkpointing=true", "model.compile=false"]), 2, 141 * GIB,
+                     rates=rates).time
     assert ckpt.reencode == pytest.approx(32768 * (measured.forward_backward + measured.forward))
     # Not measured (ViT-H-14), or a rate given: 1 and 3 forwards' FLOPs at that rate.
     flops = estimate_model("ViT-H-14").forward_flops()

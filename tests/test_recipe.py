@@ -95,3 +95,12 @@ def test_a_section_without_keys_takes_its_defaults(tmp_path):
     assert loaded.model == Recipe().model and loaded.batch.global_size == 64
     assert loaded.data.synthetic_size == 4096  # the default, at least one global batch
     assert load_recipe(None, ["batch.global=8192"]).data.synthetic_size == 8192
+
+
+def test_compile_auto_is_on_for_cuda_ranks_under_zero_0_to_2_only():
+    assert load_recipe(None, []).model.compile == "auto"
+    for stage, cuda in ((0, True), (2, True), (3, False)):
+        recipe = load_recipe(None, [f"zero.stage={stage}"])
+        assert recipe.compiles("cuda") is cuda and recipe.compiles("cpu") is False
+    assert load_recipe(None, ["model.compile=true"]).compiles("cpu") is True
+    assert load_recipe(None, ["model.compile=false"]).compiles("cuda") is False

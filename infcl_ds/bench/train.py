@@ -81,7 +81,7 @@ def _recipe(args, world, args_batch):
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
                               f"batch.offload_features={str(args.offload_features).lower()}",
                               # The pool is held decoded: the plan has no decoding to wait for.
-                              "data.host_batch=decoded", *args.set])
+                              "data.host_batch=decoded", f"model.compile={str(args.compile).lower()}", *args.set])
 
 
 def _resolve_chunk(args, world):

@@ -37,9 +37,11 @@ class ModelSection(Section):
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     seed: NonNegativeInt = 0                     # initial weights and everything random
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
-    # torch.compile of both towers (engine/compile.py), ZeRO 0-2. Off by default until its speed
-    # is measured against eager on a GPU (issue 14); compiles once per chunk shape and pass.
-    compile: bool = False
+    # torch.compile of both towers (engine/compile.py), ZeRO 0-2; compiles once per chunk shape
+    # and pass. auto: on for CUDA ranks under ZeRO 0-2 (ViT-B-16 steps 1.29x faster on an H200,
+    # docs/benchmarks/vs_open_clip.json; the first step ~1 min longer), off on CPU ranks (where
+    # inductor needs a C++ compiler and gains little) and under ZeRO-3.
+    compile: Union[Literal["auto"], bool] = "auto"
 
 
 SYNTHETIC_SIZE = 4096
@@ -187,7 +189,7 @@ class Recipe(Section):
         if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
-        if self.model.compile and self.zero.stage == 3:
+        if self.model.compile is True and self.zero.stage == 3:
             raise ValueError("model.compile=true is not supported with zero.stage=3 (its per-module parameter "
                              "gathering breaks compiled graphs): use zero.stage 0-2 or model.compile=false")
         _check_overrides(self)
@@ -198,6 +200,12 @@ class Recipe(Section):
 
     def local_batch(self, world_size: int) -> int:
         return self.batch.global_size // world_size
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether ranks on `device_type` ("cuda", "cpu") compile the towers (model.compile)."""
+        if self.model.compile == "auto":
+            return device_type == "cuda" and self.zero.stage < 3
+        return self.model.compile
 
 
 # DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override would

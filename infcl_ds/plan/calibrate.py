@@ -6,7 +6,8 @@
 
 --write: write the fit into the package data the planner reads (infcl_ds/calibration/):
 loss_rates.json from --loss, and the fitted row's model's entries in encoder_rates.json and
-activations.json (other models' entries are kept). Run from a checkout; the files ship in
+activations.json (other models' entries are kept), and the compiled towers' rates from the
+compiled rows of --compiled (docs/benchmarks/vs_open_clip.json). Run from a checkout; the files ship in
 the wheel.
 
 --check: the planner, with the constants in the code, against the peaks measured in
@@ -27,6 +28,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import List
 
 from ..config import load_recipe
 from . import memory as mem
@@ -46,7 +48,9 @@ def row_recipe(row: dict, meta: dict):
     return load_recipe(None, [f"model.name={row['model']}", f"batch.global={row['B']}", f"batch.chunk={row['chunk']}",
                               f"zero.stage={row['zero']}", f"precision.dtype={row['dtype']}",
                               f"model.grad_checkpointing={str(meta.get('grad_checkpointing', False)).lower()}",
-                              f"batch.offload_features={str(meta.get('offload_features', False)).lower()}"])
+                              f"batch.offload_features={str(meta.get('offload_features', False)).lower()}",
+                              # the row's towers: eager unless it says compiled
+                              f"model.compile={str(bool(row.get('compile', False))).lower()}"])
 
 
 def measured_rows(path=TRAIN, impl: str = "infcl_ds"):
@@ -113,8 +117,10 @@ def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out:
     where = (f"{row['source_file']}, B={row['B']} row ({row['model']}, chunk {row['chunk']}, "
              f"{row['world']} x {meta.get('device', '?')})")
     encoders = json.loads((out / "encoder_rates.json").read_text())
+    compiled = encoders["models"].get(row["model"], {}).get("compiled")
     encoders["models"][row["model"]] = {"samples": row["local"], "encode_s": row["encode_s"],
-                                        "reencode_s": row["reencode_s"], "source": where}
+                                        "reencode_s": row["reencode_s"], "source": where,
+                                        **({"compiled": compiled} if compiled else {})}
     _write_json(out / "encoder_rates.json", encoders)
     activations = json.loads((out / "activations.json").read_text())
     checkpointing = bool(row.get("grad_checkpointing", False))
@@ -123,6 +129,26 @@ def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out:
                  "source": where})
     activations["fits"] = fits
     _write_json(out / "activations.json", activations)
+
+
+def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[str]:
+    """The compiled towers' encoder rates (encoder_rates.json, each model's `compiled`): from
+    the compiled ZeRO-0-2 rows of this engine in `vs_path` (`launch/bench_vs_open_clip.sh`'s
+    vs_open_clip.json), one GPU each. Returns the models written."""
+    data = json.loads(Path(vs_path).read_text())
+    encoders = json.loads((out / "encoder_rates.json").read_text())
+    written = []
+    for row in data["rows"]:
+        if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) != ("infcl_ds", True, "measured", 1) \
+                or row.get("zero") == 3 or row.get("set") or row["model"] not in encoders["models"]:
+            continue
+        encoders["models"][row["model"]]["compiled"] = {
+            "samples": row["local"], "encode_s": row["encode_s"], "reencode_s": row["reencode_s"],
+            "source": f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({row['model']}, "
+                      f"chunk {row['chunk']}, 1 x {row.get('device', '?')})"}
+        written.append(row["model"])
+    _write_json(out / "encoder_rates.json", encoders)
+    return written
 
 
 def print_check(path) -> None:
@@ -145,6 +171,8 @@ def main(argv=None) -> int:
     p.add_argument("--check", default=None, metavar="FILE", help="compare with a planner-check run instead")
     p.add_argument("--write", action="store_true", help="write the fit into infcl_ds/calibration/")
     p.add_argument("--loss", default=str(BENCHMARKS / "loss.json"), help="loss.json of `infcl-ds bench loss` (--write)")
+    p.add_argument("--compiled", default=str(BENCHMARKS / "vs_open_clip.json"),
+                   help="vs_open_clip.json whose compiled rows give the compiled encoder rates (--write)")
     p.add_argument("--out", default=str(CALIBRATION), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.check:
@@ -162,6 +190,9 @@ def main(argv=None) -> int:
     f = fit(row, meta, rates)
     if args.write:
         write_calibration(row, meta, f, Path(args.loss), Path(args.out))
+        if Path(args.compiled).is_file():
+            models = write_compiled_calibration(Path(args.compiled), Path(args.out))
+            print(f"compiled encoder rates of {', '.join(models) or 'no model'} from {args.compiled}")
         print(f"wrote {args.out}/loss_rates.json, encoder_rates.json, activations.json")
     model = row["model"]
     in_code = MEASURED_ENCODER_RATES.get(model)

@@ -65,8 +65,14 @@ class EncoderRate:
 # chunk 256); its 262,144 and 1,048,576 rows are the check (docs/planner.md). Not measured:
 # other chunk sizes, other GPUs (an H100's lower memory bandwidth slows eager open_clip's
 # elementwise kernels), activation checkpointing.
+_ENCODER_RATES = read_json("calibration", "encoder_rates.json")["models"]
 MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
-    name: EncoderRate(**entry) for name, entry in read_json("calibration", "encoder_rates.json")["models"].items()}
+    name: EncoderRate(**{k: v for k, v in entry.items() if k != "compiled"}) for name, entry in _ENCODER_RATES.items()}
+# The same phases with compiled towers (model.compile): ViT-B-16's measured at chunk 1024 on one
+# H200 (docs/benchmarks/vs_open_clip.json), 1.29x the eager rate of that run. A model without a
+# compiled measurement is planned at its eager rate (compilation does not make it slower there).
+COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
+    name: EncoderRate(**entry["compiled"]) for name, entry in _ENCODER_RATES.items() if "compiled" in entry}
 # ZeRO-3 gathers every layer's parameters before its forward and again for its backward, for
 # every chunk: ViT-B-16 at chunk 256 on ONE H200 took 2.71x the encoder time of ZeRO-2
 # (docs/benchmarks/planner_check.json, zero3 rows: 28.7 s against 10.6 s predicted for
@@ -229,16 +235,21 @@ def encoder_passes(checkpointing: bool) -> int:
 
 
 def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: bool,
-                  encoder_tflops: Optional[float] = None) -> tuple:
-    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU."""
+                  encoder_tflops: Optional[float] = None, compiled: bool = False) -> tuple:
+    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU;
+    `compiled`: the compiled towers' rate where measured, else the eager one."""
     slowdown = FP32_ENCODER_SLOWDOWN if dtype == "fp32" else 1.0
     flops = model.forward_flops()
-    measured = MEASURED_ENCODER_RATES.get(model.name) if encoder_tflops is None else None
+    measured = None
+    if encoder_tflops is None:
+        measured = (compiled and COMPILED_ENCODER_RATES.get(model.name)) or MEASURED_ENCODER_RATES.get(model.name)
     if measured is not None:
         encode = local * measured.forward * slowdown
         # The recomputed forward in the backward counted as one more no-grad forward.
         reencode = local * (measured.forward_backward + (measured.forward if checkpointing else 0.0)) * slowdown
         source = f"measured ({measured.source})" + (", x2 for fp32 (a guess)" if slowdown > 1 else "")
+        if compiled and model.name not in COMPILED_ENCODER_RATES:
+            source += "; eager towers' rate (compiled ones not measured for this model)"
         rate = encoder_passes(checkpointing) * flops * local / (encode + reencode)
         return encode, reencode, rate, source, True
     if encoder_tflops is None:
@@ -253,14 +264,14 @@ def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: b
 
 def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpointing: bool, rates: KernelRates,
               gpus_per_node: int, network: str = DEFAULT_NETWORK,
-              encoder_tflops: Optional[float] = None, zero_stage: int = 2) -> StepTime:
+              encoder_tflops: Optional[float] = None, zero_stage: int = 2, compiled: bool = False) -> StepTime:
     """The step's phases on each GPU; ``encoder_tflops`` None: measured encoder rates where
-    there are some (MEASURED_ENCODER_RATES), else DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies
-    the encoder phases by ZERO3_ENCODER_SLOWDOWN."""
+    there are some (MEASURED_ENCODER_RATES, COMPILED_ENCODER_RATES with `compiled`), else
+    DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies the encoder phases by ZERO3_ENCODER_SLOWDOWN."""
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
-                                                                     encoder_tflops)
+                                                                     encoder_tflops, compiled)
     if zero_stage >= 3:
         encode, reencode, encoder_rate = (encode * ZERO3_ENCODER_SLOWDOWN, reencode * ZERO3_ENCODER_SLOWDOWN,
                                           encoder_rate / ZERO3_ENCODER_SLOWDOWN)
