@@ -250,6 +250,10 @@ def test_resume_is_exact(digits_dir, tokenizer, workers):
     state = first.state_dict()
     stream.close()
     assert state == {"epoch": 2, "step": 4, "skipped": 0}
+    # Closing the stream ends its batch-ahead thread there (not at interpreter exit, where a
+    # thread inside the DataLoader can abort the process).
+    import threading
+    assert not [t for t in threading.enumerate() if t.name == "infcl-ds-next-batch"]
 
     resumed = build(pieces, tokenizer, **layout)
     resumed.load_state_dict(state)

@@ -66,8 +66,12 @@ class TrainData:
                                    self.local_batch, self.step, self.steps_per_epoch, self.worker_batch)
         pieces = iter(DataLoader(self.dataset, batch_sampler=sampler, collate_fn=self.collate,
                                  num_workers=self.workers))
-        ahead = _AssembledAhead(lambda: self._assemble(itertools.islice(pieces, self._pieces_per_step)),
-                                self.steps_per_epoch - self.step)
+        stopping = threading.Event()
+        # A batch being assembled when the consumer stops is abandoned between pieces: nobody
+        # takes it, and stop() waits for the thread to leave the DataLoader before returning.
+        ahead = _AssembledAhead(lambda: self._assemble(itertools.takewhile(
+            lambda _: not stopping.is_set(), itertools.islice(pieces, self._pieces_per_step))),
+            self.steps_per_epoch - self.step, stopping)
         try:
             for batch, skipped in ahead:
                 self.step += 1
@@ -115,10 +119,10 @@ class _AssembledAhead:
 
     _DONE = object()
 
-    def __init__(self, make, count: int):
+    def __init__(self, make, count: int, stopping: threading.Event):
         self._results = queue.Queue(maxsize=1)
         self._taken = threading.Semaphore(0)
-        self._stopping = threading.Event()
+        self._stopping = stopping
         # The thread's current device is the rank's, so that CUDA work there (page-locking)
         # does not open a context on device 0.
         device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -150,10 +154,17 @@ class _AssembledAhead:
             self._taken.release()
             yield result
 
+    # How long stop() waits for the thread to leave its current piece.
+    STOP_TIMEOUT_S = 60.0
+
     def stop(self) -> None:
-        """The consumer is done (end of epoch, or it stopped early): let the thread end."""
+        """The consumer is done (end of epoch, or it stopped early): end the thread and wait
+        for it, so that it is out of the DataLoader and torch before the process exits (a
+        daemon thread inside them at interpreter shutdown can abort the process)."""
         self._stopping.set()
         self._taken.release()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self.STOP_TIMEOUT_S)
 
 
 HOST_BATCHES = ("encoded", "decoded")
