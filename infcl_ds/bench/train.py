@@ -164,7 +164,7 @@ def compiled_gradient_check(model_name, pool, n, device):
         g = torch.Generator(device=device).manual_seed(1)
         weights = torch.randn(image_f.shape, device=device, generator=g, dtype=image_f.dtype)
         ((image_f * weights).sum() + (text_f * weights).sum()).float().backward()
-        out[name] = (torch.cat([image_f.float(), text_f.float()]),
+        out[name] = (torch.cat([image_f.detach().float(), text_f.detach().float()]),
                      {k: p.grad.float() for k, p in model.named_parameters() if p.grad is not None})
     (fe, ge), (fc, gc) = out["eager"], out["compiled"]
     rel = lambda a, b: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))  # noqa: E731
