@@ -50,10 +50,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# batch.chunk: auto without a GPU to plan for (the CPU tests and demos): the recipe default.
-AUTO_CHUNK_CPU = 64
-
-
 def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
     """The recipe with `batch.chunk: auto` replaced by the planner's choice for this GPU
     (plan.auto_chunk), the smallest over the ranks (GPUs of different sizes in one job); every
@@ -61,7 +57,7 @@ def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: i
     import deepspeed.comm as dist
 
     from .plan.errors import PlanError
-    from .plan.plan import auto_chunk, recipe_with
+    from .plan.plan import AUTO_CHUNK_CPU, auto_chunk, recipe_with
     check_world(recipe, world)
     if device.type == "cuda":
         try:

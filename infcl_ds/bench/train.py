@@ -89,10 +89,10 @@ def _resolve_chunk(args, world):
     `batch.chunk: auto` resolves in training; 64 on CPU ranks."""
     if args.chunk != "auto":
         return int(args.chunk)
+    from ..plan.plan import AUTO_CHUNK_CPU, auto_chunk
     B = parse_sizes(args.batch)[0]
     if not torch.cuda.is_available():
-        return min(64, B // world)
-    from ..plan.plan import auto_chunk
+        return min(AUTO_CHUNK_CPU, B // world)
     chunk = auto_chunk(_recipe(args, world, B), world, torch.cuda.get_device_properties(0).total_memory,
                        torch.cuda.device_count())
     print(f"--chunk auto: {chunk} samples per chunk", flush=True)
@@ -183,9 +183,7 @@ def _worker(rank, world, args, port, ident):
     rows, meta = [], dict(ident, world=world, argv=args.argv, model=args.model, chunk=args.chunk, zero=args.zero)
     if args.append and out.is_file():
         old = json.loads(out.read_text())
-        # This run's configurations replace their earlier rows; other configurations stay.
-        rows = [r for r in old["rows"] if row_key(r) not in
-                {(i, args.model, B, world, args.compile, args.zero, tuple(args.set)) for i in args.impl.split(",") for B in parse_sizes(args.batch)}]
+        rows = old["rows"]  # a row of this run replaces its configuration's earlier one (row_key)
         meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
         step_engine = _engine(args, impl, rank, world, device)
@@ -235,10 +233,10 @@ def _worker(rank, world, args, port, ident):
                 row["status"] = "out of memory"
                 group_max(0)
             row.update(ident)
-            rows.append(row)
+            rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
             if rank == 0:
                 print(_fmt(row), flush=True)
-                meta["memory_slope"] = _memory_slope(rows)
+                meta["memory_slope"] = _memory_slope(rows, args.zero)
                 write_rows(out, rows, meta)
         del step_engine
         if cuda:
@@ -265,7 +263,7 @@ def plot_train_rows(out: Path) -> None:
         plot_train(out, out.with_suffix(".png"))
 
 
-def _memory_slope(rows):
+def _memory_slope(rows, zero):
     """Least-squares slopes against the local batch (bytes per sample), per impl, of the
     step's peak and of each phase's peak, beside the bound 24 D bytes per sample (bf16
     features and their gradients, ring blocks and partial gradients). The step's peak is the
@@ -274,7 +272,7 @@ def _memory_slope(rows):
     out = {}
     for impl in {r["impl"] for r in rows}:
         mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"
-                and not r.get("compile") and r.get("zero") == rows[-1].get("zero")]
+                and not r.get("compile") and r.get("zero") == zero]
         if len({r["local"] for r in mine}) < 2:  # a slope needs two local batches
             continue
         D = mine[0]["D"]

@@ -109,6 +109,11 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def _encoder_entry(row: dict, where: str) -> dict:
+    """An encoder_rates.json entry: a bench row's encode and re-encode seconds per GPU."""
+    return {"samples": row["local"], "encode_s": row["encode_s"], "reencode_s": row["reencode_s"], "source": where}
+
+
 def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out: Path = CALIBRATION) -> None:
     """The package data the planner reads: the kernel rates of ``loss_path`` and the fitted
     row's encoder rate and activation factor (rounded to 4 decimals)."""
@@ -118,9 +123,7 @@ def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out:
              f"{row['world']} x {meta.get('device', '?')})")
     encoders = json.loads((out / "encoder_rates.json").read_text())
     compiled = encoders["models"].get(row["model"], {}).get("compiled")
-    encoders["models"][row["model"]] = {"samples": row["local"], "encode_s": row["encode_s"],
-                                        "reencode_s": row["reencode_s"], "source": where,
-                                        **({"compiled": compiled} if compiled else {})}
+    encoders["models"][row["model"]] = {**_encoder_entry(row, where), **({"compiled": compiled} if compiled else {})}
     _write_json(out / "encoder_rates.json", encoders)
     activations = json.loads((out / "activations.json").read_text())
     checkpointing = bool(row.get("grad_checkpointing", False))
@@ -142,10 +145,9 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
         if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) != ("infcl_ds", True, "measured", 1) \
                 or row.get("zero") == 3 or row.get("set") or row["model"] not in encoders["models"]:
             continue
-        encoders["models"][row["model"]]["compiled"] = {
-            "samples": row["local"], "encode_s": row["encode_s"], "reencode_s": row["reencode_s"],
-            "source": f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({row['model']}, "
-                      f"chunk {row['chunk']}, 1 x {row.get('device', '?')})"}
+        encoders["models"][row["model"]]["compiled"] = _encoder_entry(
+            row, f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({row['model']}, "
+                 f"chunk {row['chunk']}, 1 x {row.get('device', '?')})")
         written.append(row["model"])
     _write_json(out / "encoder_rates.json", encoders)
     return written

@@ -161,6 +161,8 @@ AUTO_CHUNK_MAX = 2048
 # Share of the GPU's memory the planned peak may take at the chosen chunk: room for what the
 # planner does not model (fragmentation beyond its reserve, other processes).
 AUTO_CHUNK_MEMORY_SHARE = 0.9
+# batch.chunk: auto without a GPU to plan for (the CPU tests and demos): the recipe default.
+AUTO_CHUNK_CPU = 64
 
 
 def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8) -> int:
