@@ -46,3 +46,35 @@ def test_engine_and_open_clip_train_rows_side_by_side(tmp_path):
     # The same configuration again replaces its row.
     rows = _bench(work, out, "--impl", "infcl_ds", "--zero", "0")
     assert len(rows) == 3
+
+
+def test_profile_sorts_kernels_by_kind_and_counts_idle_time():
+    """bench train --profile: kernel names as the profiler reports them on an H100/H200 (eager
+    and compiled towers, SDPA backends, our loss kernels, ZeRO's NCCL) fall in their kinds; the
+    shares are of the step's wall time and the rest is the GPU's idle time."""
+    from infcl_ds.bench.profile import kernel_table, kind_of
+    expected = {
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "GEMMs",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "GEMMs",
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>": "GEMMs",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>, false>": "attention",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64": "attention",
+        "triton_red_fused__to_copy_add_native_layer_norm_0": "norms and elementwise",
+        "triton_poi_fused_gelu_1": "norms and elementwise",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>": "norms and elementwise",
+        "_similarity_lse_kernel": "contrastive loss",
+        "_grad_panel_kernel": "contrastive loss",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "communication",
+        "Memcpy HtoD (Pinned -> Device)": "input transfer",
+        "Memcpy DtoD (Device -> Device)": "other copies",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+    }
+    assert {name: kind_of(name) for name in expected} == expected
+    table = kernel_table([("nvjet_x", 6.0), ("triton_poi_fused_add_0", 2.0), ("flash_fwd_kernel", 1.0),
+                          ("Memcpy HtoD (Pinned -> Device)", 0.5)], wall_s=10.0)
+    kinds = table["kinds"]
+    assert kinds["GEMMs"] == {"s": 6.0, "share": 0.6} and kinds["norms and elementwise"]["s"] == 2.0
+    assert kinds["input transfer"]["share"] == 0.05 and kinds["communication"]["s"] == 0.0
+    assert abs(kinds["GPU idle"]["s"] - 0.5) < 1e-12 and table["attention_kernels"] == ["flash_fwd_kernel"]
+    assert abs(sum(k["share"] for k in kinds.values()) - 1.0) < 1e-12

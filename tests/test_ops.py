@@ -104,3 +104,29 @@ def test_addmm_capability_is_probed_once_and_a_real_error_propagates(monkeypatch
     monkeypatch.setattr(block, "_direct_accumulation", lambda *args: False)
     block.gemm_into(out, x, y, 2.0, accumulate=False)  # the fp32-temporary path
     assert torch.equal(out, torch.full((3, 4), 10.0))
+
+
+def test_tile_shapes_are_timed_for_large_problems_only(monkeypatch):
+    """A problem below SMALL_ROWS takes the fixed small-problem tiles without timing a candidate;
+    a larger one times every candidate once and keeps the fastest for its problem class."""
+    from infcl_ds.ops import tuning
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("INFCL_DS_TILE", raising=False)
+    monkeypatch.setattr(tuning, "_cache", {})
+    timed = []
+
+    def cost(cfg):
+        return cfg.block_m * cfg.block_n * cfg.block_k * cfg.num_warps / cfg.num_stages
+
+    def time_config(cfg):
+        timed.append(cfg)
+        return cost(cfg)
+
+    gpu = torch.device("cuda", 0)  # only its type and index are read: no GPU needed
+    small = tuning.pick_config("lse", 40, torch.float32, "ieee", gpu, time_config, tuning.SMALL_ROWS - 1)
+    assert timed == [] and small == tuning.small_problem_config(40) == tuning.TileConfig(64, 64, 64, 4, 2)
+    large = tuning.pick_config("lse", 40, torch.float32, "ieee", gpu, time_config, tuning.TUNE_ROWS)
+    assert timed == list(tuning.GPU_CANDIDATES)
+    assert large == min(tuning.GPU_CANDIDATES, key=cost)
+    again = tuning.pick_config("lse", 40, torch.float32, "ieee", gpu, time_config, 4 * tuning.TUNE_ROWS)
+    assert again == large and len(timed) == len(tuning.GPU_CANDIDATES)  # the same problem class: cached

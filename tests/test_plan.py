@@ -237,6 +237,20 @@ def test_offload_is_offered_when_the_encoder_pass_is_over(rates):
     assert "set batch.offload_features=true" in plan.remedies
 
 
+def test_kept_decoded_chunks_over_the_gpu_are_blamed_and_lowered(rates):
+    """data.keep_decoded_gib larger than the GPU leaves room for: the verdict names the key and
+    proposes the largest whole GiB that fits (the 512k one-H200 recipe on an 80 GB GPU)."""
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", [])
+    plan = make_plan(recipe, 1, 80 * GIB, host_memory_bytes=128 * GIB, rates=rates)
+    assert not plan.fits
+    assert plan.verdict.startswith("does not fit: decoded chunks kept for the grad pass (data.keep_decoded_gib) need")
+    gib = int(re.search(r"set data.keep_decoded_gib=(\d+)", plan.verdict).group(1))
+    assert 0 < gib < recipe.data.keep_decoded_gib
+    fewer = lambda g: make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", [f"data.keep_decoded_gib={g}"]),  # noqa: E731
+                                1, 80 * GIB, host_memory_bytes=128 * GIB, rates=rates)
+    assert fewer(gib).fits and not fewer(gib + 1).fits
+
+
 def test_too_large_a_batch_gets_more_gpus(rates):
     """The loss phase over: the verdict blames its biggest component and proposes the smallest
     GPU count (a multiple of a node's) that fits."""

@@ -209,7 +209,8 @@ def _worker(rank, world, args, port, ident):
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                first, timed, loss = _timed_steps(step_engine, CyclingHostBatch(local, *pool), args.steps, device)
+                batch = CyclingHostBatch(local, *pool)
+                first, timed, loss = _timed_steps(step_engine, batch, args.steps, device)
                 seconds = group_max(sum(timed) / len(timed))
                 phases = step_engine.phases.last
                 row.update(step_s=seconds, first_step_s=group_max(first), steps_s=timed, loss=loss,
@@ -227,6 +228,11 @@ def _worker(rank, world, args, port, ident):
                     row["device_used_mib"] = group_max((total - free) / 2**20)
                 if impl == "infcl_ds":
                     row.update(_prediction(args, B, world))
+                if args.profile and cuda:  # one more step, after the timed ones: nothing compiles in it
+                    from .profile import format_table, profile_step
+                    row["profile"] = profile_step(lambda: step_engine.train_step(batch))
+                    if rank == 0:
+                        print(format_table(row["profile"]), flush=True)
             except Exception as err:  # noqa: BLE001
                 if not is_oom(err):
                     raise
@@ -324,6 +330,8 @@ def main(argv=None):
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoders (model.compile)")
     p.add_argument("--offload-features", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="one more step under torch.profiler (CUDA): GPU time per kernel kind in the row")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe keys for this engine's rows, e.g. zero.overrides={...} (repeatable)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")

@@ -46,6 +46,11 @@ GPU_CANDIDATES: Tuple[TileConfig, ...] = (
     TileConfig(128, 256, 32, 8, 3),
 )
 TUNE_ROWS = 16384
+# Below this many rows a problem takes SMALL_PROBLEM tiles untimed: timing nine candidates (each
+# compiled first) costs seconds, more than any tile could save on a problem this small; and the
+# test suite on a GPU (`bash tests/run.sh --gpu`), whose awkward sizes are all small, would
+# otherwise tune for minutes.
+SMALL_ROWS = 2048
 
 _cache: Dict[tuple, TileConfig] = {}
 
@@ -61,6 +66,11 @@ def interpreter_config(D: int) -> TileConfig:
     return TileConfig(64, 64, bk, 4, 1)
 
 
+def small_problem_config(D: int) -> TileConfig:
+    # 2 stages of 64x64 fp32 tiles: 64 KiB of shared memory, within every GPU Triton supports.
+    return TileConfig(64, 64, min(64, triton.next_power_of_2(max(D, 16))), 4, 2)
+
+
 def pick_config(kind: str, D: int, dtype: torch.dtype, precision: str, device: torch.device,
                 time_config: Callable[[TileConfig], float], rows: int,
                 candidates: Iterable[TileConfig] = GPU_CANDIDATES) -> TileConfig:
@@ -73,6 +83,8 @@ def pick_config(kind: str, D: int, dtype: torch.dtype, precision: str, device: t
         return TileConfig.parse(pinned)
     if interpreting() or device.type != "cuda":
         return interpreter_config(D)
+    if rows < SMALL_ROWS:
+        return small_problem_config(D)
     key = (kind, D, dtype, precision, device.index, min(rows, TUNE_ROWS))
     if key not in _cache:
         timings = {}

@@ -28,12 +28,13 @@ MAX_GPUS = 16384
 _BLAME = {mem.PARAMS: "parameters need", mem.GRADS: "gradients need", mem.OPTIM: "optimizer states need",
           mem.GRAD_SUM: "the fp32 gradient sum needs", mem.ZERO_BUFFERS: "ZeRO's buffers need",
           mem.RUNTIME: "the runtime reserve needs", mem.ACTIVATIONS: "one chunk's activations need",
-          mem.FEATURES: "cached features and their gradients need", mem.LOSS_BUFFERS: "the loss and ring buffers need"}
+          mem.FEATURES: "cached features and their gradients need", mem.LOSS_BUFFERS: "the loss and ring buffers need",
+          mem.PIXELS_KEPT: "decoded chunks kept for the grad pass (data.keep_decoded_gib) need"}
 # Remedies tried first for each culprit, then any other that works.
 _RELEVANT = {mem.FEATURES: ("offload", "gpus"), mem.ACTIVATIONS: ("chunk", "checkpointing"),
              mem.PARAMS: ("zero", "gpus"), mem.GRADS: ("zero", "gpus"), mem.OPTIM: ("zero", "gpus"),
              mem.GRAD_SUM: ("zero", "gpus"), mem.ZERO_BUFFERS: ("zero", "gpus"),
-             mem.LOSS_BUFFERS: ("gpus",), mem.RUNTIME: ("gpus",),
+             mem.LOSS_BUFFERS: ("gpus",), mem.RUNTIME: ("gpus",), mem.PIXELS_KEPT: ("keep", "gpus"),
              HOST_LIMIT: ("gpus", "workers", "no-offload"), TIME_LIMIT: ("gpus",)}
 
 
@@ -306,7 +307,14 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
             if fits(recipe_with(recipe, "data", workers=count), gpus):
                 return f"set data.workers={count}"
 
-    candidates = {"gpus": more_gpus, "offload": offload, "no-offload": no_offload, "zero": zero, "chunk": chunk,
+    def keep_fewer():
+        kept = recipe.data.keep_decoded_gib
+        if kept > 0:
+            gib = _largest_below(int(kept), lambda g: fits(recipe_with(recipe, "data", keep_decoded_gib=float(g)), gpus))
+            return f"set data.keep_decoded_gib={gib or 0}" if gib or fits(
+                recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus) else None
+
+    candidates = {"gpus": more_gpus, "keep": keep_fewer, "offload": offload, "no-offload": no_offload, "zero": zero, "chunk": chunk,
                   "checkpointing": checkpointing, "workers": workers}
     order = list(_RELEVANT.get(culprit, ())) + [k for k in candidates if k not in _RELEVANT.get(culprit, ())]
     return [text for text in (candidates[key]() for key in order) if text]
