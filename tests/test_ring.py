@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from devices import EXACT, GPU
+from devices import DEVICE, EXACT, GPU
 from dist_utils import run_ranks
 from reference import clip_loss_reference, random_features, rel_err
 
@@ -35,7 +35,7 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         lo = sum(sizes[:pos])
         image = image[lo:lo + sizes[pos]].clone().requires_grad_()
         text = text[lo:lo + sizes[pos]].clone().requires_grad_()
-        scale = torch.tensor(s, requires_grad=True)
+        scale = torch.tensor(s, requires_grad=True, device=image.device)
         loss = contrastive_loss(image, text, scale, group=group, backend=backend, **EXACT, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad))
@@ -94,13 +94,13 @@ def _mismatch(rank, world, kind):
         d = 24
     if kind == "dtype" and rank == 1:
         dtype = torch.bfloat16
-    image, text = torch.randn(n, d).to(dtype), torch.randn(n, d).to(dtype)
+    image, text = torch.randn(n, d, device=DEVICE).to(dtype), torch.randn(n, d, device=DEVICE).to(dtype)
     if kind == "nan" and rank == 1:
         image[3, 3] = float("nan")
     if kind == "shape" and rank == 0:
-        text = torch.randn(n + 1, d)
+        text = torch.randn(n + 1, d, device=DEVICE)
     try:
-        contrastive_loss(image, text, torch.tensor(10.0))
+        contrastive_loss(image, text, torch.tensor(10.0, device=DEVICE))
     except ValueError as err:
         return str(err)
     return "no error"
