@@ -31,15 +31,26 @@ def _bench(tmp_path, *extra):
 
 def test_host_memory_rows_for_both_forms_and_a_resume(tmp_path):
     build_digits(tmp_path / "digits", image_size=32)
+    # A row of another batch already in the file stays; this run's rows are added beside it.
+    other = {"host_batch": "encoded", "model": "ViT-B-32", "B": 65536, "world": 1, "status": "measured", "host_gib": 16.0}
+    (tmp_path / "hm.json").write_text(json.dumps({"meta": {}, "rows": [other]}))
     data = _bench(tmp_path, "--steps", "2")
+    assert data["rows"][0] == other
+    data["rows"] = data["rows"][1:]
     rows = {r["host_batch"]: r for r in data["rows"]}
     assert set(rows) == {"encoded", "decoded"}
     for form, row in rows.items():
         assert row["status"] == "measured" and row["steps"] == [1, 2], row
         assert row["host_gib"] == 16 and row["plan_host_gib"] > 0 and row["step_s"] > 0
         assert f"output_dir={tmp_path / 'run'}-{form}" in row["command"]
+        # the timeline: [s since start, GiB above it, tree GiB], in time order, within the peaks
+        timeline = row["host_timeline"]
+        assert timeline and all(len(point) == 3 for point in timeline)
+        assert [p[0] for p in timeline] == sorted(p[0] for p in timeline)
+        assert max(p[2] for p in timeline) <= row["peak_tree_rss_gib"] + 0.01
     # Held encoded, a 32 px PNG sample is a fraction of its decoded pixels + tokens.
     assert rows["encoded"]["bytes_per_sample"] < rows["decoded"]["bytes_per_sample"]
     resumed = _bench(tmp_path, "--steps", "3", "--resume")
-    encoded = next(r for r in resumed["rows"] if r["host_batch"] == "encoded")
+    encoded = next(r for r in resumed["rows"] if r["host_batch"] == "encoded" and r["B"] == 64)
+    assert "resume" not in resumed["rows"][0]  # the other batch's row is not the one resumed
     assert encoded["resume"]["steps"] == [3] and encoded["resume"]["first_step_after_resume"] == 3

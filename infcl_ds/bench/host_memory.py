@@ -26,14 +26,17 @@ GIB = 2 ** 30
 
 
 class MemorySampler(threading.Thread):
-    """Peak host memory of a process tree while it runs."""
+    """Peak host memory of a process tree while it runs, and a timeline of it (every
+    `timeline_s`: seconds since the start, GiB in use above the baseline, the tree's GiB), which
+    says when a peak happened: at compilation, while the next batch is assembled, at a save."""
 
-    def __init__(self, pid: int, period_s: float = 0.5):
+    def __init__(self, pid: int, period_s: float = 0.5, timeline_s: float = 5.0):
         import psutil
         super().__init__(daemon=True)
-        self.psutil, self.pid, self.period_s = psutil, pid, period_s
+        self.psutil, self.pid, self.period_s, self.timeline_s = psutil, pid, period_s, timeline_s
         self.baseline = self._used()
         self.peak_used = self.peak_tree_rss = 0
+        self.timeline = []
         self.done = threading.Event()
 
     def _used(self) -> int:
@@ -55,9 +58,14 @@ class MemorySampler(threading.Thread):
         return total
 
     def run(self):
+        start = last = time.monotonic()
         while not self.done.wait(self.period_s):
-            self.peak_used = max(self.peak_used, self._used() - self.baseline)
-            self.peak_tree_rss = max(self.peak_tree_rss, self._tree_rss())
+            used, tree = self._used() - self.baseline, self._tree_rss()
+            self.peak_used, self.peak_tree_rss = max(self.peak_used, used), max(self.peak_tree_rss, tree)
+            now = time.monotonic()
+            if now - last >= self.timeline_s or not self.timeline:
+                self.timeline.append([round(now - start, 1), round(used / GIB, 2), round(tree / GIB, 2)])
+                last = now
 
 
 def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path,
@@ -80,7 +88,8 @@ def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: s
     if code != 0:
         raise SystemExit(f"trainer exited with {code}; see {log}")
     return {"command": " ".join(command[1:]), "wall_s": time.monotonic() - started,
-            "peak_used_gib": sampler.peak_used / GIB, "peak_tree_rss_gib": sampler.peak_tree_rss / GIB}
+            "peak_used_gib": sampler.peak_used / GIB, "peak_tree_rss_gib": sampler.peak_tree_rss / GIB,
+            "host_timeline": sampler.timeline}
 
 
 def step_rows(run_dir: Path) -> list:
@@ -103,7 +112,21 @@ def measured_row(row: dict, run: dict, steps: list) -> dict:
             "bytes_per_sample": steps[0].get("host_bytes_per_sample"),
             "peak_gpu_gib": max(s["peak_mem_gib"] for s in steps), "step_s": step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s, "first_step_s": steps[0]["step_s"],
-            "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"]}
+            "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"],
+            # [s since start, GiB in use above the start, the trainer tree's GiB], every 5 s
+            "host_timeline": run["host_timeline"]}
+
+
+def row_key(row: dict) -> tuple:
+    """What a row measured: a later run of the same form, model and batch replaces it."""
+    return row["host_batch"], row["model"], row["B"], row["world"]
+
+
+def merged(out: Path, rows: list) -> list:
+    """The rows already in `out` (other batches, other forms) with this run's in their place."""
+    old = json.loads(out.read_text())["rows"] if out.is_file() else []
+    keys = {row_key(r) for r in rows}
+    return [r for r in old if row_key(r) not in keys] + rows
 
 
 def main(argv=None):
@@ -135,7 +158,10 @@ def main(argv=None):
         before = {int(s["step"]) for s in step_rows(run_dir)}
         run = run_trainer(args.recipe, args.steps, True, log, "encoded", run_dir, args.overrides)
         resumed = [s for s in step_rows(run_dir) if int(s["step"]) not in before]
-        row = next(r for r in data["rows"] if r["host_batch"] == "encoded")
+        key = ("encoded", recipe.model.name, recipe.batch.global_size, 1)
+        row = next((r for r in data["rows"] if row_key(r) == key), None)
+        if row is None:
+            raise SystemExit(f"--resume: no encoded row of {key[1]} at B={key[2]} in {args.out}: run without --resume first")
         row["resume"] = measured_row({}, run, resumed)
         row["resume"]["first_step_after_resume"] = int(resumed[0]["step"])
         row["peak_rss_gib"] = max(row["peak_rss_gib"], run["peak_used_gib"])
@@ -164,8 +190,8 @@ def main(argv=None):
         run = run_trainer(args.recipe, args.steps, False, log, host_batch, run_dir, args.overrides)
         rows.append(measured_row(row, run, step_rows(run_dir)))
         print(json.dumps(rows[-1], indent=1), flush=True)
-        write_rows(args.out, rows, identity)  # after each form: a call cut short keeps what it measured
-    write_rows(args.out, rows, identity)
+        write_rows(args.out, merged(args.out, rows), identity)  # after each form: a call cut short keeps it
+    write_rows(args.out, merged(args.out, rows), identity)
     from .plot_data import plot_host_memory
     plot_host_memory(args.out, args.out.with_suffix(".png"))
     return rows

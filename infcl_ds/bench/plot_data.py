@@ -44,7 +44,8 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     plt = _pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    timelines = [r for r in rows if r.get("host_timeline")]
+    fig, axes = plt.subplots(1, 3 if timelines else 2, figsize=(18 if timelines else 12, 4.5))
     labels = [f"{r['host_batch']}\n{r['model']} B={r['B']:,}" for r in rows]
     x = range(len(rows))
     axes[0].bar([i - 0.2 for i in x], [r.get("peak_rss_gib") or 0 for r in rows], 0.4, label="measured peak RSS")
@@ -56,9 +57,17 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     axes[1].bar([i + 0.2 for i in x], [r.get("plan_step_s") or 0 for r in rows], 0.4, label="planned step")
     axes[1].set_ylabel("s")
     axes[1].set_title("step time")
-    for ax in axes:
+    for ax in axes[:2]:
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.legend(fontsize=8)
+    if timelines:  # when each run's host memory peaked: [s since start, GiB in use above it, tree GiB]
+        for r in timelines:
+            t, used, _ = zip(*r["host_timeline"])
+            axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}")
+        axes[2].set_xlabel("s since the trainer started")
+        axes[2].set_ylabel("GiB in use above the start")
+        axes[2].set_title("host memory over the run")
+        axes[2].legend(fontsize=8)
     meta = data["meta"]
     fig.suptitle(f"host batches on {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
     fig.tight_layout()
