@@ -247,6 +247,9 @@ def test_kept_decoded_chunks_over_the_gpu_are_blamed_and_lowered(rates):
     plan = make_plan(recipe, 1, 80 * GIB, host_memory_bytes=128 * GIB, rates=rates)
     assert not plan.fits
     assert plan.verdict.startswith("does not fit: decoded chunks kept for the grad pass (data.keep_decoded_gib) need")
+    # the kept pixels do not grow with the batch: no batch fits, said so (not a negative factor)
+    from infcl_ds.plan.report import render_plan
+    assert "binding limit: GPU memory (over at any batch)" in render_plan(plan)
     gib = int(re.search(r"set data.keep_decoded_gib=(\d+)", plan.verdict).group(1))
     assert 0 < gib < recipe.data.keep_decoded_gib
     fewer = lambda g: make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", [f"data.keep_decoded_gib={g}"]),  # noqa: E731

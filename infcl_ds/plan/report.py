@@ -105,6 +105,12 @@ def _time_lines(plan: Plan) -> List[str]:
     return lines
 
 
+def _growth_text(growth: float) -> str:
+    # Below zero, what does not grow with the batch (one chunk's activations, the model's
+    # states) is over the capacity alone: no batch size fits.
+    return f"x{growth:.2f}" if growth >= 0 else "over at any batch"
+
+
 def _limit_lines(plan: Plan) -> List[str]:
     lines = [f"limits (how many times the global batch could grow on {plan.gpus} GPUs):"]
     for limit in plan.limits:
@@ -112,10 +118,10 @@ def _limit_lines(plan: Plan) -> List[str]:
             used = f"{mem.gib(limit.used)} of {mem.gib(limit.capacity)} GiB"
         else:
             used = f"{limit.used:.0f} of {limit.capacity:g} s"
-        lines.append(f"  {limit.name:<22}{used:>24}   x{limit.growth:.2f}")
+        lines.append(f"  {limit.name:<22}{used:>24}   {_growth_text(limit.growth)}")
     binding = plan.limit(plan.binding)
     share = plan.time.encoders / plan.time.total
-    lines.append(f"binding limit: {binding.name} (x{binding.growth:.2f}); step time {plan.step_seconds:.0f} s, "
+    lines.append(f"binding limit: {binding.name} ({_growth_text(binding.growth)}); step time {plan.step_seconds:.0f} s, "
                  f"{share:.0%} of it in the encoders")
     return lines
 
