@@ -255,6 +255,8 @@ def test_kept_decoded_chunks_over_the_gpu_are_blamed_and_lowered(rates):
     fewer = lambda g: make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", [f"data.keep_decoded_gib={g}"]),  # noqa: E731
                                 1, 80 * GIB, host_memory_bytes=128 * GIB, rates=rates)
     assert fewer(gib).fits and not fewer(gib + 1).fits
+    # a fractional setting just over the largest whole GiB that fits: that GiB is proposed
+    assert f"set data.keep_decoded_gib={gib}" in fewer(gib + 0.7).remedies
 
 
 def test_too_large_a_batch_gets_more_gpus(rates):

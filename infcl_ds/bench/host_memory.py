@@ -27,8 +27,9 @@ GIB = 2 ** 30
 
 class MemorySampler(threading.Thread):
     """Peak host memory of a process tree while it runs, and a timeline of it (every
-    `timeline_s`: seconds since the start, GiB in use above the baseline, the tree's GiB), which
-    says when a peak happened: at compilation, while the next batch is assembled, at a save."""
+    `timeline_s`: seconds since the start, the largest GiB in use above the baseline and the
+    largest tree GiB sampled since the previous point), which says when a peak happened: at
+    compilation, while the next batch is assembled, at a save."""
 
     def __init__(self, pid: int, period_s: float = 0.5, timeline_s: float = 5.0):
         import psutil
@@ -58,14 +59,18 @@ class MemorySampler(threading.Thread):
         return total
 
     def run(self):
-        start = last = time.monotonic()
+        start = last = now = time.monotonic()
+        span_used = span_tree = 0  # the largest samples since the last timeline point
         while not self.done.wait(self.period_s):
             used, tree = self._used() - self.baseline, self._tree_rss()
             self.peak_used, self.peak_tree_rss = max(self.peak_used, used), max(self.peak_tree_rss, tree)
+            span_used, span_tree = max(span_used, used), max(span_tree, tree)
             now = time.monotonic()
             if now - last >= self.timeline_s or not self.timeline:
-                self.timeline.append([round(now - start, 1), round(used / GIB, 2), round(tree / GIB, 2)])
-                last = now
+                self.timeline.append([round(now - start, 1), round(span_used / GIB, 2), round(span_tree / GIB, 2)])
+                last, span_used, span_tree = now, 0, 0
+        if now - last > 0:  # the samples since the last point: the run's end
+            self.timeline.append([round(now - start, 1), round(span_used / GIB, 2), round(span_tree / GIB, 2)])
 
 
 def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path,
@@ -113,7 +118,7 @@ def measured_row(row: dict, run: dict, steps: list) -> dict:
             "peak_gpu_gib": max(s["peak_mem_gib"] for s in steps), "step_s": step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s, "first_step_s": steps[0]["step_s"],
             "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"],
-            # [s since start, GiB in use above the start, the trainer tree's GiB], every 5 s
+            # [s since start, largest GiB in use above the start, largest tree GiB] per 5 s
             "host_timeline": run["host_timeline"]}
 
 
@@ -154,14 +159,16 @@ def main(argv=None):
     log = args.out.with_suffix(".log")
     if args.resume:
         data = json.loads(args.out.read_text())
+        # The row the resume adds to, found before minutes of training: this batch's measured run.
+        key = ("encoded", recipe.model.name, recipe.batch.global_size, 1)
+        row = next((r for r in data["rows"] if row_key(r) == key and r.get("status") == "measured"), None)
+        if row is None:
+            raise SystemExit(f"--resume: no measured encoded row of {key[1]} at B={key[2]} in {args.out}: "
+                             f"run without --resume first")
         run_dir = Path(f"{recipe.output_dir}-encoded")
         before = {int(s["step"]) for s in step_rows(run_dir)}
         run = run_trainer(args.recipe, args.steps, True, log, "encoded", run_dir, args.overrides)
         resumed = [s for s in step_rows(run_dir) if int(s["step"]) not in before]
-        key = ("encoded", recipe.model.name, recipe.batch.global_size, 1)
-        row = next((r for r in data["rows"] if row_key(r) == key), None)
-        if row is None:
-            raise SystemExit(f"--resume: no encoded row of {key[1]} at B={key[2]} in {args.out}: run without --resume first")
         row["resume"] = measured_row({}, run, resumed)
         row["resume"]["first_step_after_resume"] = int(resumed[0]["step"])
         row["peak_rss_gib"] = max(row["peak_rss_gib"], run["peak_used_gib"])

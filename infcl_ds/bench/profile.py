@@ -2,11 +2,15 @@
 
 `infcl-ds bench train --profile` runs one more step of each measured configuration under the
 profiler (after its timed steps, so nothing is compiled or tuned inside it) and stores the
-table in the row (`profile`). Kernels are sorted by name, first matching kind wins: compiled
-towers name their fused kernels `triton_*` (norms, GELU, bias and residual adds: the
-"norms and elementwise" kind), cuBLAS's GEMMs `nvjet*`/`*gemm*`/`cutlass*`, the attention
-backend its kernels `flash*` (FlashAttention), `fmha*` (memory-efficient) or `*sdpa*` (cuDNN):
-the names also say which scaled_dot_product_attention backend ran.
+table in the row (`profile`). Kernels are classified by name, the first matching kind wins:
+cuBLAS's GEMMs are `nvjet*`/`*gemm*`/`cutlass*`; the attention backend's kernels `flash*`
+(FlashAttention), `fmha*` (memory-efficient) or `*sdpa*` (cuDNN), so the names also say which
+scaled_dot_product_attention backend ran; compiled towers' fused kernels `triton_*` (norms,
+GELU, bias and residual adds: "norms and elementwise"), except that inductor names a fused
+kernel after the operations it fuses: its layout copies into and out of cuDNN attention
+(`triton_*_scaled_dot_product_cudnn_attention_*`) count as attention. The loss's own GEMMs
+(torch's, outside the Triton kernels) count as GEMMs. DeepSpeed's ZeRO step on torch's AdamW
+has no kernel named apart: the optimizer's kernels count as elementwise.
 """
 import re
 from collections import defaultdict

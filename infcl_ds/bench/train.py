@@ -18,6 +18,7 @@ batch, world, compile and ZeRO stage is replaced). Every row's figures are the m
 """
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -143,6 +144,21 @@ def _timed_steps(step_engine, batch, steps, device):
     return times[0], times[1:], float(loss)
 
 
+def _profiled_step(step_engine, batch, rank):
+    """One step under the profiler; a failure (out of memory under the profiler's own
+    buffers) is recorded in the row, not put in place of the measured figures."""
+    from .profile import format_table, profile_step
+    try:
+        table = profile_step(lambda: step_engine.train_step(batch))
+    except Exception as err:  # noqa: BLE001
+        if not is_oom(err):
+            raise
+        return {"error": f"out of memory under the profiler: {err}"[:300]}
+    if rank == 0:
+        print(format_table(table), flush=True)
+    return table
+
+
 def compiled_gradient_check(model_name, pool, n, device):
     """The compiled towers against the eager ones on one chunk of `n` pool samples, bf16 on
     `device`: the largest feature difference and the largest parameter-gradient difference,
@@ -229,10 +245,7 @@ def _worker(rank, world, args, port, ident):
                 if impl == "infcl_ds":
                     row.update(_prediction(args, B, world))
                 if args.profile and cuda:  # one more step, after the timed ones: nothing compiles in it
-                    from .profile import format_table, profile_step
-                    row["profile"] = profile_step(lambda: step_engine.train_step(batch))
-                    if rank == 0:
-                        print(format_table(row["profile"]), flush=True)
+                    row["profile"] = _profiled_step(step_engine, batch, rank)
             except Exception as err:  # noqa: BLE001
                 if not is_oom(err):
                     raise
@@ -338,6 +351,8 @@ def main(argv=None):
     p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")
     p.add_argument("--out", default="docs/benchmarks/train.json")
     args = p.parse_args(argv)
+    if args.profile and not torch.cuda.is_available():
+        print("bench train: --profile times CUDA kernels; on this machine (no CUDA) it is ignored", file=sys.stderr)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     args.chunk = _resolve_chunk(args, world)

@@ -46,11 +46,11 @@ GPU_CANDIDATES: Tuple[TileConfig, ...] = (
     TileConfig(128, 256, 32, 8, 3),
 )
 TUNE_ROWS = 16384
-# Below this many rows a problem takes SMALL_PROBLEM tiles untimed: timing nine candidates (each
-# compiled first) costs seconds, more than any tile could save on a problem this small; and the
-# test suite on a GPU (`bash tests/run.sh --gpu`), whose awkward sizes are all small, would
-# otherwise tune for minutes.
-SMALL_ROWS = 2048
+# Below this many rows a problem takes small_problem_config's tiles untimed: such a kernel runs
+# for microseconds, so no tile can save more than that per call, while timing nine candidates
+# (each compiled first) costs seconds per problem class; the GPU test suite (`bash tests/run.sh
+# --gpu`), whose awkward sizes are all this small, would otherwise tune for minutes.
+SMALL_ROWS = 1024
 
 _cache: Dict[tuple, TileConfig] = {}
 
@@ -74,7 +74,8 @@ def small_problem_config(D: int) -> TileConfig:
 def pick_config(kind: str, D: int, dtype: torch.dtype, precision: str, device: torch.device,
                 time_config: Callable[[TileConfig], float], rows: int,
                 candidates: Iterable[TileConfig] = GPU_CANDIDATES) -> TileConfig:
-    """Return the fastest candidate for this kernel and problem class (cached).
+    """Return the fastest candidate for this kernel and problem class (cached); fixed tiles for
+    problems under SMALL_ROWS rows.
 
     rows: the problem's row count; problems smaller than TUNE_ROWS are their own class
     (a shape tuned on a small batch would starve the GPU on a large one)."""

@@ -231,7 +231,7 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     culprit, problem = _problem(plan)
     remedies = _remedies(recipe, gpus, gpus_per_node, culprit, fits)
     fix = "; " + " or ".join(remedies[:2]) if remedies else "; no single change of GPUs, chunk, " \
-                                                            "checkpointing, ZeRO stage or offload fits"
+                                                            "checkpointing, ZeRO stage, offload, workers or kept decoded chunks fits"
     return dataclasses.replace(plan, verdict=f"does not fit: {problem}{fix}", remedies=tuple(remedies))
 
 
@@ -310,7 +310,7 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
     def keep_fewer():
         kept = recipe.data.keep_decoded_gib
         if kept > 0:
-            gib = _largest_below(int(kept), lambda g: fits(recipe_with(recipe, "data", keep_decoded_gib=float(g)), gpus))
+            gib = _largest_below(math.ceil(kept), lambda g: fits(recipe_with(recipe, "data", keep_decoded_gib=float(g)), gpus))
             return f"set data.keep_decoded_gib={gib or 0}" if gib or fits(
                 recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus) else None
 
