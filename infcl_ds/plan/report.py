@@ -34,11 +34,12 @@ def _header(plan: Plan) -> str:
 def _gpu_table(plan: Plan) -> List[str]:
     gpu = plan.gpu
     phases = list(gpu.phases)
-    lines = ["per-GPU memory (GiB)          " + "".join(f"{p:>14}" for p in phases)]
+    width = max(28, *(len(name) for name in gpu.components))
+    lines = [f"{'per-GPU memory (GiB)':<{width + 2}}" + "".join(f"{p:>14}" for p in phases)]
     for name, nbytes in gpu.components.items():
         cells = "".join(f"{mem.gib(nbytes) if name in gpu.phases[p] else '-':>14}" for p in phases)
-        lines.append(f"  {name:<28}{cells}")
-    lines.append(f"  {'total':<28}" + "".join(f"{mem.gib(gpu.phase_bytes(p)):>14}" for p in phases))
+        lines.append(f"  {name:<{width}}{cells}")
+    lines.append(f"  {'total':<{width}}" + "".join(f"{mem.gib(gpu.phase_bytes(p)):>14}" for p in phases))
     factor, measured = activation_calibration(plan.model.name, plan.recipe.model.grad_checkpointing)
     calibration = (f"x{factor:.4f} fitted to {CALIBRATION_SOURCE}" if measured else
                    f"x{factor:.4f}, ViT-B-16's factor, transferred (checked within 4% on ViT-L-14 chunk 128, "
