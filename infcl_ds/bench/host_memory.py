@@ -26,10 +26,12 @@ GIB = 2 ** 30
 
 
 class MemorySampler(threading.Thread):
-    """Peak host memory of a process tree while it runs, and a timeline of it (every
-    `timeline_s`: seconds since the start, the largest GiB in use above the baseline and the
-    largest tree GiB sampled since the previous point), which says when a peak happened: at
-    compilation, while the next batch is assembled, at a save."""
+    """Peak host memory of a process tree while it runs, and a timeline of it that says when a
+    peak happened (at compilation, while the next batch is assembled, at a save): every
+    `timeline_s`, [seconds since the start, then the largest since the previous point of: GiB
+    in use above the baseline, the tree's GiB, the machine's shared memory (tmpfs: the data
+    workers' pieces live there), the machine's total memory (on some VMs it grows as memory is
+    first used, which moves the in-use figure)]."""
 
     def __init__(self, pid: int, period_s: float = 0.5, timeline_s: float = 5.0):
         import psutil
@@ -58,19 +60,26 @@ class MemorySampler(threading.Thread):
                 pass
         return total
 
+    def _sample(self) -> tuple:
+        vm = self.psutil.virtual_memory()
+        return vm.total - vm.available - self.baseline, self._tree_rss(), getattr(vm, "shared", 0), vm.total
+
+    def _point(self, seconds: float, span: tuple) -> None:
+        self.timeline.append([round(seconds, 1), *(round(v / GIB, 2) for v in span)])
+
     def run(self):
         start = last = now = time.monotonic()
-        span_used = span_tree = 0  # the largest samples since the last timeline point
+        span = None  # the largest of each figure since the last timeline point
         while not self.done.wait(self.period_s):
-            used, tree = self._used() - self.baseline, self._tree_rss()
-            self.peak_used, self.peak_tree_rss = max(self.peak_used, used), max(self.peak_tree_rss, tree)
-            span_used, span_tree = max(span_used, used), max(span_tree, tree)
+            sample = self._sample()
+            self.peak_used, self.peak_tree_rss = max(self.peak_used, sample[0]), max(self.peak_tree_rss, sample[1])
+            span = sample if span is None else tuple(map(max, span, sample))
             now = time.monotonic()
             if now - last >= self.timeline_s or not self.timeline:
-                self.timeline.append([round(now - start, 1), round(span_used / GIB, 2), round(span_tree / GIB, 2)])
-                last, span_used, span_tree = now, 0, 0
-        if now - last > 0:  # the samples since the last point: the run's end
-            self.timeline.append([round(now - start, 1), round(span_used / GIB, 2), round(span_tree / GIB, 2)])
+                self._point(now - start, span)
+                last, span = now, None
+        if span is not None:  # the samples since the last point: the run's end
+            self._point(now - start, span)
 
 
 def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: str, run_dir: Path,
@@ -118,7 +127,7 @@ def measured_row(row: dict, run: dict, steps: list) -> dict:
             "peak_gpu_gib": max(s["peak_mem_gib"] for s in steps), "step_s": step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s, "first_step_s": steps[0]["step_s"],
             "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"],
-            # [s since start, largest GiB in use above the start, largest tree GiB] per 5 s
+            # per 5 s: [s since start, GiB in use above the start, tree GiB, shared GiB, total GiB]
             "host_timeline": run["host_timeline"]}
 
 

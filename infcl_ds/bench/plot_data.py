@@ -60,10 +60,11 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     for ax in axes[:2]:
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.legend(fontsize=8)
-    if timelines:  # when each run's host memory peaked: [s since start, GiB in use above it, tree GiB]
+    if timelines:  # when each run's host memory peaked (bench/host_memory.py's MemorySampler)
         for r in timelines:
-            t, used, _ = zip(*r["host_timeline"])
-            axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}")
+            t, used, shared = zip(*((p[0], p[1], p[3]) for p in r["host_timeline"]))
+            line, = axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}: in use above the start")
+            axes[2].plot(t, shared, ls=":", color=line.get_color(), label="the machine's shared memory")
         axes[2].set_xlabel("s since the trainer started")
         axes[2].set_ylabel("GiB in use above the start")
         axes[2].set_title("host memory over the run")
