@@ -308,11 +308,13 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
                 return f"set data.workers={count}"
 
     def keep_fewer():
+        def fits_keeping(gib):
+            return fits(recipe_with(recipe, "data", keep_decoded_gib=float(gib)), gpus)
         kept = recipe.data.keep_decoded_gib
         if kept > 0:
-            gib = _largest_below(math.ceil(kept), lambda g: fits(recipe_with(recipe, "data", keep_decoded_gib=float(g)), gpus))
-            return f"set data.keep_decoded_gib={gib or 0}" if gib or fits(
-                recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus) else None
+            gib = _largest_below(math.ceil(kept), fits_keeping) or 0  # whole GiB; 0: decode twice
+            if gib or fits_keeping(0):
+                return f"set data.keep_decoded_gib={gib}"
 
     candidates = {"gpus": more_gpus, "keep": keep_fewer, "offload": offload, "no-offload": no_offload, "zero": zero, "chunk": chunk,
                   "checkpointing": checkpointing, "workers": workers}
