@@ -43,13 +43,16 @@ def test_host_memory_rows_for_both_forms_and_a_resume(tmp_path):
         assert row["status"] == "measured" and row["steps"] == [1, 2], row
         assert row["host_gib"] == 16 and row["plan_host_gib"] > 0 and row["step_s"] > 0
         assert f"output_dir={tmp_path / 'run'}-{form}" in row["command"]
-        # the timeline: [s since start, GiB above it, tree GiB, shared GiB, total GiB] from the
-        # start to the end of the run, every 5 s; its largest tree figure is the run's peak
+        # the timeline: [s since start, GiB above it, tree RSS GiB, shared GiB, total GiB, tree
+        # PSS GiB] from the start to the end of the run, every 5 s; its largest tree figures are
+        # the run's peaks, and PSS (shared pages counted once) is at most the summed RSS
         timeline = row["host_timeline"]
-        assert all(len(point) == 5 and point[4] > 0 for point in timeline) and timeline[0][0] <= 1.0
+        assert all(len(point) == 6 and point[4] > 0 for point in timeline) and timeline[0][0] <= 1.0
+        assert all(0 < point[5] <= point[2] + 0.006 for point in timeline[1:]), timeline
         assert timeline[-1][0] >= row["wall_s"] - 5.0 - 3.0, (timeline, row["wall_s"])
         assert all(b[0] - a[0] <= 5.0 + 1.0 for a, b in zip(timeline, timeline[1:]))
         assert abs(max(p[2] for p in timeline) - row["peak_tree_rss_gib"]) <= 0.006
+        assert abs(max(p[5] for p in timeline) - row["peak_tree_pss_gib"]) <= 0.006
     # Held encoded, a 32 px PNG sample is a fraction of its decoded pixels + tokens.
     assert rows["encoded"]["bytes_per_sample"] < rows["decoded"]["bytes_per_sample"]
     resumed = _bench(tmp_path, "--steps", "3", "--resume")

@@ -6,7 +6,10 @@ time against the planner's, per host form (encoded or decoded local batches).
 The trainer runs as a child process (`infcl-ds train`, one process); a sampler records the host
 memory the run takes every half second: the machine's memory in use above what it used before
 the start (page cache excluded), and the summed resident memory of the trainer and its data and
-decode workers (which counts pages shared between them more than once). Step time, peak GPU
+decode workers twice over: their resident memory summed (which counts pages shared between them
+more than once) and their proportional set size summed (PSS: a shared page split between the
+processes that map it, so the sum counts it once; the figure the planner's host model is
+compared with, as it does not move with a VM's accounting of its own memory). Step time, peak GPU
 memory and the time spent waiting on decoding come from the run's metrics.csv. A host form the
 planner refuses is not run: its row carries the planner's line.
 """
@@ -29,16 +32,16 @@ class MemorySampler(threading.Thread):
     """Peak host memory of a process tree while it runs, and a timeline of it that says when a
     peak happened (at compilation, while the next batch is assembled, at a save): every
     `timeline_s`, [seconds since the start, then the largest since the previous point of: GiB
-    in use above the baseline, the tree's GiB, the machine's shared memory (tmpfs: the data
-    workers' pieces live there), the machine's total memory (on some VMs it grows as memory is
-    first used, which moves the in-use figure)]."""
+    in use above the baseline, the tree's resident GiB, the machine's shared memory (tmpfs: the
+    data workers' pieces live there), the machine's total memory (on some VMs it grows as memory
+    is first used, which moves the in-use figure), the tree's PSS GiB]."""
 
     def __init__(self, pid: int, period_s: float = 0.5, timeline_s: float = 5.0):
         import psutil
         super().__init__(daemon=True)
         self.psutil, self.pid, self.period_s, self.timeline_s = psutil, pid, period_s, timeline_s
         self.baseline = self._used()
-        self.peak_used = self.peak_tree_rss = 0
+        self.peak_used = self.peak_tree_rss = self.peak_tree_pss = 0
         self.timeline = []
         self.done = threading.Event()
 
@@ -46,23 +49,27 @@ class MemorySampler(threading.Thread):
         vm = self.psutil.virtual_memory()
         return vm.total - vm.available
 
-    def _tree_rss(self) -> int:
+    def _tree(self) -> tuple:
+        """(summed RSS, summed PSS) of the trainer and its children; a process that exits
+        between the listing and the reading is left out."""
         try:
             root = self.psutil.Process(self.pid)
             procs = [root, *root.children(recursive=True)]
         except self.psutil.Error:
-            return 0
-        total = 0
+            return 0, 0
+        rss = pss = 0
         for p in procs:
             try:
-                total += p.memory_info().rss
+                full = p.memory_full_info()  # /proc/PID/smaps_rollup
+                rss, pss = rss + full.rss, pss + full.pss
             except self.psutil.Error:
                 pass
-        return total
+        return rss, pss
 
     def _sample(self) -> tuple:
         vm = self.psutil.virtual_memory()
-        return vm.total - vm.available - self.baseline, self._tree_rss(), getattr(vm, "shared", 0), vm.total
+        rss, pss = self._tree()
+        return vm.total - vm.available - self.baseline, rss, getattr(vm, "shared", 0), vm.total, pss
 
     def _point(self, seconds: float, span: tuple) -> None:
         self.timeline.append([round(seconds, 1), *(round(v / GIB, 2) for v in span)])
@@ -73,6 +80,7 @@ class MemorySampler(threading.Thread):
         while not self.done.wait(self.period_s):
             sample = self._sample()
             self.peak_used, self.peak_tree_rss = max(self.peak_used, sample[0]), max(self.peak_tree_rss, sample[1])
+            self.peak_tree_pss = max(self.peak_tree_pss, sample[4])
             span = sample if span is None else tuple(map(max, span, sample))
             now = time.monotonic()
             if now - last >= self.timeline_s or not self.timeline:
@@ -103,6 +111,7 @@ def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: s
         raise SystemExit(f"trainer exited with {code}; see {log}")
     return {"command": " ".join(command[1:]), "wall_s": time.monotonic() - started,
             "peak_used_gib": sampler.peak_used / GIB, "peak_tree_rss_gib": sampler.peak_tree_rss / GIB,
+            "peak_tree_pss_gib": sampler.peak_tree_pss / GIB,
             "host_timeline": sampler.timeline}
 
 
@@ -123,11 +132,13 @@ def measured_row(row: dict, run: dict, steps: list) -> dict:
     wait = sum(s.get("decode_wait_s", 0.0) for s in timed) / len(timed)
     return {**row, "status": "measured", "steps": [int(s["step"]) for s in steps],
             "peak_rss_gib": run["peak_used_gib"], "peak_tree_rss_gib": run["peak_tree_rss_gib"],
+            "peak_tree_pss_gib": run["peak_tree_pss_gib"],
             "bytes_per_sample": steps[0].get("host_bytes_per_sample"),
             "peak_gpu_gib": max(s["peak_mem_gib"] for s in steps), "step_s": step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s, "first_step_s": steps[0]["step_s"],
             "losses": [s["loss"] for s in steps], "wall_s": run["wall_s"], "command": run["command"],
-            # per 5 s: [s since start, GiB in use above the start, tree GiB, shared GiB, total GiB]
+            # per 5 s: [s since start, GiB in use above the start, tree RSS GiB, shared GiB, total
+            # GiB, tree PSS GiB]
             "host_timeline": run["host_timeline"]}
 
 
@@ -181,6 +192,7 @@ def main(argv=None):
         row["resume"] = measured_row({}, run, resumed)
         row["resume"]["first_step_after_resume"] = int(resumed[0]["step"])
         row["peak_rss_gib"] = max(row["peak_rss_gib"], run["peak_used_gib"])
+        row["peak_tree_pss_gib"] = max(row.get("peak_tree_pss_gib", 0.0), run["peak_tree_pss_gib"])
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         print(json.dumps(row["resume"], indent=1), flush=True)
         return data["rows"]

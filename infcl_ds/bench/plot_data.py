@@ -48,8 +48,10 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     fig, axes = plt.subplots(1, 3 if timelines else 2, figsize=(18 if timelines else 12, 4.5))
     labels = [f"{r['host_batch']}\n{r['model']} B={r['B']:,}" for r in rows]
     x = range(len(rows))
-    axes[0].bar([i - 0.2 for i in x], [r.get("peak_rss_gib") or 0 for r in rows], 0.4, label="measured peak RSS")
-    axes[0].bar([i + 0.2 for i in x], [r.get("plan_host_gib") or 0 for r in rows], 0.4, label="planned")
+    axes[0].bar([i - 0.27 for i in x], [r.get("peak_rss_gib") or 0 for r in rows], 0.27,
+                label="measured: machine in use above the start")
+    axes[0].bar(list(x), [r.get("peak_tree_pss_gib") or 0 for r in rows], 0.27, label="measured: trainer tree's PSS")
+    axes[0].bar([i + 0.27 for i in x], [r.get("plan_host_gib") or 0 for r in rows], 0.27, label="planned")
     axes[0].axhline(rows[0]["host_gib"], color="red", ls=":", label="host memory")
     axes[0].set_ylabel("GiB")
     axes[0].set_title("host memory")
@@ -65,6 +67,9 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
             t, used, shared = zip(*((p[0], p[1], p[3]) for p in r["host_timeline"]))
             line, = axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}: in use above the start")
             axes[2].plot(t, shared, ls=":", color=line.get_color(), label="the machine's shared memory")
+            if len(r["host_timeline"][0]) > 5:  # timelines from before the PSS column have 5
+                axes[2].plot(t, [p[5] for p in r["host_timeline"]], ls="--", color=line.get_color(),
+                             label="the trainer tree's PSS")
         axes[2].set_xlabel("s since the trainer started")
         axes[2].set_ylabel("GiB in use above the start")
         axes[2].set_title("host memory over the run")
