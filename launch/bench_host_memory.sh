@@ -3,13 +3,15 @@
 # 128 GiB host, 16 cores), in two calls that must follow each other on the same machine:
 #   bash launch/bench_host_memory.sh run      # JPEG shards, then 2 training steps at a 512k batch
 #   bash launch/bench_host_memory.sh resume   # 1 more step from the checkpoint; decode throughput rows
+# Arguments after run/resume go to the benchmark, e.g. `run --set batch.global_size=262144`.
 # Results land in ${OUT:-docs/benchmarks}: host_memory.json/.png, data.json/.png, the run's log.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-docs/benchmarks}
 recipe=ds_configs/recipes/vit-b32-512k-1gpu.yaml
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-case "${1:-}" in
+part=${1:-}; shift || true
+case "$part" in
   run)
     python3 -m infcl_ds.cli data photos --out data/photos --samples 16000 --shard-size 2000
     # 100 passes over the shard list: three steps of 524,288 draw no sample twice in their epoch.
@@ -18,9 +20,9 @@ case "${1:-}" in
       for s in data/photos/shard-*.tar; do ln -sf "../photos/$(basename "$s")" "data/photos-repeated/$r-$(basename "$s")"; done
     done
     # The lent GPU machines' MemTotal reads low until memory is used: plan for the host's real size.
-    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 2 --host-memory 128GiB --out "$out/host_memory.json" ;;
+    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 2 --host-memory 128GiB --out "$out/host_memory.json" "$@" ;;
   resume)
-    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 3 --resume --host-memory 128GiB --out "$out/host_memory.json"
+    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 3 --resume --host-memory 128GiB --out "$out/host_memory.json" "$@"
     python3 -m infcl_ds.cli bench data --shards data/photos --workers 1,4,14 --samples 4096 --out "$out/data.json" ;;
   *) echo "usage: $0 run|resume" >&2; exit 2 ;;
 esac

@@ -19,11 +19,12 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from .batch import normalize
 from .dataset import load_or_replace, transform_image
 from .errors import DataError
+from .sampler import SettableSampler, start_workers
 from .samples import SkipSample, decode_image
 
 # Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
@@ -102,19 +103,10 @@ def replace_undecodable(row0: int, images: Sequence[Optional[torch.Tensor]]):
     return pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
 
 
-class _Requests(Sampler):
-    """The decode loader's sampler: whatever request iterator the current batch set."""
-
-    def __init__(self):
-        self.requests: Iterator = iter(())
-
-    def __iter__(self):
-        return self.requests
-
-
 class ChunkDecoder:
-    """A rank's decode pool: `workers` processes (0: decode in the calling process), started at
-    the first batch and kept for the run (DataLoader's persistent workers, which also turn a
+    """A rank's decode pool: `workers` processes (0: decode in the calling process), started
+    here, before any batch exists (sampler.SettableSampler says why), and kept for the run
+    (DataLoader's persistent workers, which also turn a
     worker's death or a stall past DECODE_TIMEOUT_S into an error in the rank). `decoder`:
     "pil" (open_clip's pixels exactly) or "torchvision" (torchvision.io's decoder and torch's
     resize on the CPU, the same crops: data.decoder)."""
@@ -128,12 +120,13 @@ class ChunkDecoder:
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
         self.workers = workers
-        self._sampler = _Requests()
+        self._sampler = SettableSampler()
         self._loader = None
         if workers > 0:
             self._loader = DataLoader(self.pieces, batch_size=None, sampler=self._sampler, num_workers=workers,
                                       persistent_workers=True, prefetch_factor=DECODE_PREFETCH,
                                       pin_memory=torch.cuda.is_available(), timeout=DECODE_TIMEOUT_S)
+            start_workers(self._loader)
 
     def stream(self, requests: Iterator) -> Iterator:
         """Decoded pieces for `requests`, in order, decoded ahead by the pool. Starting a new

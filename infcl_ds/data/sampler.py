@@ -55,3 +55,28 @@ class RankBatchSampler:
             rows = order[(step * global_batch + offsets) % self.num_samples].tolist()
             for lo in range(0, self.local_batch, self.worker_batch):
                 yield [(self.epoch, i) for i in rows[lo:lo + self.worker_batch]]
+
+
+class SettableSampler:
+    """A persistent DataLoader's (batch) sampler: it yields whatever iterator was set last.
+
+    Worker processes are forked once, when the loader is built, and serve every later stream
+    set here. Forking them early matters for memory, not only for start-up time: a process
+    forked while the parent holds a local batch keeps that batch's pages mapped (and so
+    allocated) for its whole life, after the parent has freed it: a worker pool forked at the
+    first batch holds one local batch more than the two the trainer keeps.
+    """
+
+    def __init__(self):
+        self.requests: Iterator = iter(())
+
+    def __iter__(self):
+        return self.requests
+
+
+def start_workers(loader) -> None:
+    """Fork a persistent DataLoader's workers now (with nothing to do: its sampler is empty),
+    while the process holds no batch (SettableSampler)."""
+    if loader.num_workers > 0:
+        for _ in loader:  # the empty stream ends at once; the workers stay
+            raise RuntimeError("start_workers: the loader's sampler was not empty")

@@ -13,7 +13,7 @@ from .dataset import Collate, TrainDataset
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
 from .pinned import pinned_empty
-from .sampler import RankBatchSampler, pieces_per_step, steps_per_epoch
+from .sampler import RankBatchSampler, SettableSampler, pieces_per_step, steps_per_epoch, start_workers
 from .sources import build_source
 from .transforms import uint8_image_transform
 
@@ -22,9 +22,10 @@ class TrainData:
     """One rank's batches: `set_epoch`, iterate, `state_dict`/`load_state_dict`.
 
     The position is the number of batches already yielded in the current epoch. Each iteration
-    builds a fresh DataLoader whose sampler starts at that position, so a resume is exact with
+    gives the loader a fresh sampler that starts at that position, so a resume is exact with
     any number of workers; pieces prefetched by workers, and the batch assembled ahead, are
-    not counted until yielded. Use one iterator at a time.
+    not counted until yielded. Use one iterator at a time. The workers are forked here, once,
+    while no batch is held (sampler.SettableSampler says why), and serve every epoch.
 
     While the caller trains on one batch, a thread assembles the next (its workers decode
     pieces of `worker_batch` samples meanwhile), so decoding hides behind the step. It starts
@@ -54,6 +55,10 @@ class TrainData:
             raise DataError(f"{self.num_samples} samples do not fill one global batch of "
                             f"{world_size} x {local_batch}")
         self.epoch, self.step, self.skipped = 0, 0, 0
+        self._sampler = SettableSampler()
+        self._loader = DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
+                                  persistent_workers=workers > 0)
+        start_workers(self._loader)
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` at step 0; the current epoch keeps its position, so that
@@ -62,10 +67,10 @@ class TrainData:
             self.epoch, self.step = epoch, 0
 
     def __iter__(self):
-        sampler = RankBatchSampler(self.num_samples, self.seed, self.epoch, self.rank, self.world_size,
-                                   self.local_batch, self.step, self.steps_per_epoch, self.worker_batch)
-        pieces = iter(DataLoader(self.dataset, batch_sampler=sampler, collate_fn=self.collate,
-                                 num_workers=self.workers))
+        self._sampler.requests = iter(RankBatchSampler(
+            self.num_samples, self.seed, self.epoch, self.rank, self.world_size, self.local_batch, self.step,
+            self.steps_per_epoch, self.worker_batch))
+        pieces = iter(self._loader)
         stopping = threading.Event()
         # A batch being assembled when the consumer stops is abandoned between pieces: nobody
         # takes it, and stop() waits for the thread to leave the DataLoader before returning.
