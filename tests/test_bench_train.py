@@ -78,3 +78,12 @@ def test_profile_sorts_kernels_by_kind_and_counts_idle_time():
     assert kinds["input transfer"]["share"] == 0.05 and kinds["communication"]["s"] == 0.0
     assert abs(kinds["GPU idle"]["s"] - 0.5) < 1e-12 and table["attention_kernels"] == ["flash_fwd_kernel"]
     assert abs(sum(k["share"] for k in kinds.values()) - 1.0) < 1e-12
+
+
+def test_open_clip_train_logits_size_decides_rows_it_cannot_run():
+    from infcl_ds.bench.open_clip_train import logits_bytes
+    # ViT-B-16 at 256k on one GPU: two 262,144^2 bf16 matrices, 256 GiB, more than an H200's 139.8 GiB
+    assert logits_bytes(262144, 1, "amp_bf16") == 2 * 262144 ** 2 * 2 == 256 * 2 ** 30
+    # 32k on one GPU fits (4 GiB); over 8 ranks each holds local x global; fp32 doubles it
+    assert logits_bytes(32768, 1, "amp_bf16") == 4 * 2 ** 30
+    assert logits_bytes(32768, 8, "fp32") == 2 * 4096 * 32768 * 4

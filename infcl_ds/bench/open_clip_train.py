@@ -50,6 +50,15 @@ def open_clip_train_args(model: str, global_batch: int, world: int, per_rank_bat
     return argv
 
 
+def logits_bytes(global_batch: int, world: int, precision: str) -> int:
+    """What OpenCLIP's ClipLoss at --local-loss --gather-with-grad holds at once on a rank: its
+    two logits matrices, local x global, in the autocast dtype (4 bytes in fp32). The features,
+    the model and the softmax's own buffers come on top: a batch whose two matrices exceed the
+    GPU's memory cannot run there."""
+    local = global_batch // world
+    return 2 * local * global_batch * (2 if precision.startswith("amp") else 4)
+
+
 def launch_command(world: int, runner_args: List[str], argv: List[str], port: int) -> List[str]:
     """This module's runner under torchrun (several ranks, on 127.0.0.1) or plain python."""
     runner = ["-m", "infcl_ds.bench.open_clip_train", *runner_args, "--", *argv]

@@ -369,7 +369,7 @@ def main(argv=None):
 def open_clip_train_rows(args, world: int) -> None:
     """OpenCLIP's trainer at each batch, eager and compiled: its steady samples/s (steps after
     the first, two for a compiled run, are the untimed warm-up) into --out beside this engine's."""
-    from .open_clip_train import open_clip_train_args, run_open_clip_train
+    from .open_clip_train import logits_bytes, open_clip_train_args, run_open_clip_train
     from ..models import CONFIG_DIR
     ident, out = run_identity(), Path(args.out)
     cuda = torch.cuda.is_available()
@@ -384,19 +384,30 @@ def open_clip_train_rows(args, world: int) -> None:
                                         compiled, "amp_bf16" if cuda else "fp32", 12 if cuda else 1, cuda)
             row = {"impl": "open_clip_train", "model": args.model, "B": B, "world": world, "compile": compiled,
                    "zero": None, **ident}
-            try:
-                run = run_open_clip_train(world, argv, free_port(), runner_args, timeout_s=1800)
-            except RuntimeError as err:
-                row.update(status="out of memory" if "out of memory" in str(err).lower() else "failed",
-                           error=str(err)[-500:])
+            need = logits_bytes(B, world, "amp_bf16" if cuda else "fp32")
+            device_bytes = torch.cuda.get_device_properties(0).total_memory if cuda else None
+            if device_bytes is not None and need > device_bytes:  # not run: it cannot fit
+                row.update(status="does not fit", reason=f"its two {B // world:,} x {B:,} logits matrices need "
+                           f"{need / 2**30:,.0f} GiB of the GPU's {device_bytes / 2**30:,.1f} GiB")
             else:
-                timed = run["step_s"][warm:]
-                row.update(status="measured", step_s=sum(timed) / len(timed), samples_per_s=B * len(timed) / sum(timed),
-                           first_step_s=run["step_s"][0], steps_s=run["step_s"], command=run["command"])
+                row.update(_open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm, B))
             rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
-            print(f"open_clip_train {mode:7s} B={B:>8d}: {row.get('samples_per_s', row['status'])}", flush=True)
+            print(f"open_clip_train {mode:7s} B={B:>8d}: {row.get('samples_per_s', row['status'])} "
+                  f"{row.get('reason', '')}", flush=True)
             write_rows(out, rows, {**old["meta"], **ident})
     plot_train_rows(out)
+
+
+def _open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm: int, B: int) -> dict:
+    """One open_clip_train run -> its row's status and figures (steps after `warm` timed)."""
+    try:
+        run = run_open_clip_train(world, argv, free_port(), runner_args, timeout_s=1800)
+    except RuntimeError as err:
+        return {"status": "out of memory" if "out of memory" in str(err).lower() else "failed",
+                "error": str(err)[-500:]}
+    timed = run["step_s"][warm:]
+    return {"status": "measured", "step_s": sum(timed) / len(timed), "samples_per_s": B * len(timed) / sum(timed),
+            "first_step_s": run["step_s"][0], "steps_s": run["step_s"], "command": run["command"]}
 
 
 if __name__ == "__main__":
