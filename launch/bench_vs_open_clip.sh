@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/vs_open_clip.json
 bench() { python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" "$@"; }
-[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-persistent l14 l14-compiled l14-open-clip-train b16-256k b16-256k-open-clip-train)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-persistent b16-zero3-profile b16-zero3-linear l14 l14-compiled l14-open-clip-train b16-256k b16-256k-open-clip-train)" >&2; exit 2; }
 for part in "$@"; do
   case "$part" in
     # both with a profiled step after the timed ones (--profile: GPU time per kernel kind)
@@ -23,6 +23,11 @@ for part in "$@"; do
     # ZeRO-3 with every parameter persistent (gathered once, kept across chunks): a model that fits
     b16-zero3-persistent) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 \
       --set 'zero.overrides={"zero_optimization": {"stage3_param_persistence_threshold": 1000000000000}}' ;;
+    # ZeRO-3's step profiled (GPU idle share: its per-module hooks), and without DeepSpeed's
+    # replacement of F.linear (memory_efficient_linear: matmul and bias apart, in a Python Function)
+    b16-zero3-profile) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 --profile ;;
+    b16-zero3-linear) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 \
+      --set 'zero.overrides={"zero_optimization": {"memory_efficient_linear": false}}' ;;
     l14) bench --model ViT-L-14 --batch 16k --impl infcl_ds ;;
     l14-compiled) bench --model ViT-L-14 --batch 16k --impl infcl_ds --compile ;;
     l14-open-clip-train) bench --model ViT-L-14 --batch 16k --impl open_clip_train --open-clip-train-batch-size 256 ;;
