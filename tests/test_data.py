@@ -263,6 +263,37 @@ def test_resume_is_exact(digits_dir, tokenizer, workers):
     for got, want in zip(head + rest, expected):
         assert torch.equal(got.decoded(0, len(got))[0], want.decoded(0, len(want))[0]) and torch.equal(got.decoded(0, len(got))[1], want.decoded(0, len(want))[1])
     assert resumed.state_dict()["step"] == resumed.steps_per_epoch and list(resumed) == []
+    # The interrupted object itself continues too: its workers (forked once, shared by every
+    # iteration) drop the pieces they had prefetched for the stream that was closed.
+    again = list(first)
+    assert len(again) == len(rest)
+    for got, want in zip(again, rest):
+        assert torch.equal(got.decoded(0, len(got))[0], want.decoded(0, len(want))[0])
+
+
+def test_a_stream_stuck_in_its_loader_is_not_restarted_under_it(id_shards, tokenizer, monkeypatch):
+    import threading
+
+    from infcl_ds.data import train as data_train
+    data = build(id_spec(id_shards, worker_batch=4), tokenizer, local_batch=8)
+    release, stalled, calls = threading.Event(), threading.Event(), [0]
+    load = type(data.dataset).__getitem__
+
+    def slow(self, item):  # the batch-ahead thread stalls inside the loader after the first batch
+        calls[0] += 1
+        if calls[0] > 8:
+            stalled.set()
+            release.wait(30)
+        return load(self, item)
+    monkeypatch.setattr(type(data.dataset), "__getitem__", slow)
+    monkeypatch.setattr(data_train._AssembledAhead, "STOP_TIMEOUT_S", 0.2)
+    stream = iter(data)
+    next(stream)
+    assert stalled.wait(30)
+    stream.close()  # stop() gives up after 0.2 s: the thread is still inside the loader
+    with pytest.raises(DataError, match="still inside its data loader"):
+        next(iter(data))
+    release.set()
 
 
 def test_state_checks(id_shards, tokenizer):

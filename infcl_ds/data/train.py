@@ -59,6 +59,7 @@ class TrainData:
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
                                   persistent_workers=workers > 0)
         start_workers(self._loader)
+        self._ahead: Optional[_AssembledAhead] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` at step 0; the current epoch keeps its position, so that
@@ -67,6 +68,11 @@ class TrainData:
             self.epoch, self.step = epoch, 0
 
     def __iter__(self):
+        if self._ahead is not None and self._ahead.running():
+            # The workers are shared by every iteration: a thread still inside the loader (its
+            # stop() gave up waiting) and a restarted loader would interleave their pieces.
+            raise DataError("the previous iteration over this rank's batches is still inside its data "
+                            "loader (a stalled data worker?): it cannot be restarted")
         self._sampler.requests = iter(RankBatchSampler(
             self.num_samples, self.seed, self.epoch, self.rank, self.world_size, self.local_batch, self.step,
             self.steps_per_epoch, self.worker_batch))
@@ -77,6 +83,7 @@ class TrainData:
         ahead = _AssembledAhead(lambda: self._assemble(itertools.takewhile(
             lambda _: not stopping.is_set(), itertools.islice(pieces, self._pieces_per_step))),
             self.steps_per_epoch - self.step, stopping)
+        self._ahead = ahead
         try:
             for batch, skipped in ahead:
                 self.step += 1
@@ -158,6 +165,9 @@ class _AssembledAhead:
                 raise result
             self._taken.release()
             yield result
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     # How long stop() waits for the thread to leave its current piece.
     STOP_TIMEOUT_S = 60.0
