@@ -5,6 +5,9 @@
 #   bash launch/bench_host_memory.sh resume   # 1 more step from the checkpoint; decode throughput rows
 # Arguments after run/resume go to the benchmark, e.g. `run --set batch.global_size=262144`.
 # Results land in ${OUT:-docs/benchmarks}: host_memory.json/.png, data.json/.png, the run's log.
+# Started in the background on a lent GPU machine, whose every command copies the working tree
+# over the checkout, point OUT outside the checkout (with a copy of host_memory.json in it, whose
+# other rows the run keeps): a result written into docs/ is replaced by the next command's copy.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-docs/benchmarks}
