@@ -137,14 +137,19 @@ def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out:
 def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[str]:
     """The compiled towers' encoder rates (encoder_rates.json, each model's `compiled`): from
     the compiled ZeRO-0-2 rows of this engine in `vs_path` (`launch/bench_vs_open_clip.sh`'s
-    vs_open_clip.json), one GPU each. Returns the models written."""
+    vs_open_clip.json), one GPU each: a model's smallest batch, so that its larger rows (ViT-B-16
+    at 256k) stay a check of the planner rather than its input. Returns the models written."""
     data = json.loads(Path(vs_path).read_text())
     encoders = json.loads((out / "encoder_rates.json").read_text())
-    written = []
+    smallest = {}
     for row in data["rows"]:
         if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) != ("infcl_ds", True, "measured", 1) \
                 or row.get("zero") == 3 or row.get("set") or row["model"] not in encoders["models"]:
             continue
+        if row["model"] not in smallest or row["B"] < smallest[row["model"]]["B"]:
+            smallest[row["model"]] = row
+    written = []
+    for row in smallest.values():
         encoders["models"][row["model"]]["compiled"] = _encoder_entry(
             row, f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({row['model']}, "
                  f"chunk {row['chunk']}, 1 x {row.get('device', '?')})")
