@@ -234,8 +234,9 @@ class Trainer:
                 logger.log_eval(self.step, self.evaluate())
             if r.checkpoint.every and self.step % r.checkpoint.every == 0 and self.step < r.schedule.steps:
                 self._save(checkpoint)
-        # Ends the data thread now (its batch ahead is not needed), not at interpreter exit.
+        # Ends the data thread and workers now (the batch ahead is not needed), not at exit.
         batches.close()
+        self.data.close()
         self._save(checkpoint)
         if self.eval_data is not None:
             self.phase = "the final evaluation"

@@ -28,3 +28,23 @@ def _kernel_tests_on_the_test_device(request):
         yield
     finally:
         torch.set_default_device(None)
+
+
+@pytest.fixture(autouse=True)
+def _train_data_closed_after_each_test(monkeypatch):
+    """Each TrainData a test builds is closed when the test ends: its worker pools stop then,
+    not whenever a later test happens to run the garbage collector (sampler.stop_workers)."""
+    import sys
+    train = sys.modules.get("infcl_ds.data.train")  # imported by the test module if it uses data
+    if train is None:
+        yield
+        return
+    built, init = [], train.TrainData.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+    monkeypatch.setattr(train.TrainData, "__init__", recording_init)
+    yield
+    for data in built:
+        data.close()

@@ -294,6 +294,19 @@ def test_a_stream_stuck_in_its_loader_is_not_restarted_under_it(id_shards, token
     with pytest.raises(DataError, match="still inside its data loader"):
         next(iter(data))
     release.set()
+    # Let the thread leave the loader before the loader is dropped: a loader collected while a
+    # thread is still inside it shuts its workers down under that thread.
+    data._ahead._thread.join(30)
+    assert not data._ahead.running()
+
+
+def test_close_ends_both_worker_pools(id_shards, tokenizer):
+    data = build(id_spec(id_shards, workers=2, decode_workers=2), tokenizer, local_batch=8)
+    next(iter(data))
+    workers = data._loader._iterator._workers + data.decoder._loader._iterator._workers
+    assert len(workers) == 4 and all(w.is_alive() for w in workers)
+    data.close()
+    assert not any(w.is_alive() for w in workers)
 
 
 def test_state_checks(id_shards, tokenizer):

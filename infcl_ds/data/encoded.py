@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from .batch import normalize
 from .dataset import load_or_replace, transform_image
 from .errors import DataError
-from .sampler import SettableSampler, start_workers
+from .sampler import SettableSampler, start_workers, stop_workers
 from .samples import SkipSample, decode_image
 
 # Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
@@ -138,6 +138,11 @@ class ChunkDecoder:
 
     def decode_now(self, request):
         return self.pieces[request]
+
+    def close(self) -> None:
+        """End the decode workers (sampler.stop_workers says why not at garbage collection)."""
+        if self._loader is not None:
+            stop_workers(self._loader)
 
 
 class EncodedBatch:

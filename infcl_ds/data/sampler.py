@@ -6,6 +6,7 @@ an epoch covers each sample once across ranks and every rank has the same number
 however uneven the shards are. A position is a number of global batches, so a resume starts
 the sampler at that step (also with a different world size, if the global batch is the same).
 """
+import gc
 import math
 from typing import Iterator, List, Tuple
 
@@ -76,7 +77,22 @@ class SettableSampler:
 
 def start_workers(loader) -> None:
     """Fork a persistent DataLoader's workers now (with nothing to do: its sampler is empty),
-    while the process holds no batch (SettableSampler)."""
+    while the process holds no batch (SettableSampler).
+
+    Unreachable objects are collected first: a forked worker inherits the parent's garbage, and
+    a collection there would run the __del__ of a dropped loader's iterator, which signals
+    *that* loader's workers (still the parent's, or already gone) to shut down."""
     if loader.num_workers > 0:
+        gc.collect()
         for _ in loader:  # the empty stream ends at once; the workers stay
             raise RuntimeError("start_workers: the loader's sampler was not empty")
+
+
+def stop_workers(loader) -> None:
+    """End a persistent DataLoader's workers now. Left to the garbage collector, a dropped
+    loader's iterator shuts its workers down wherever a collection happens to run: in another
+    pool's freshly forked worker, or under a thread still reading from it, where its queues'
+    file descriptors are closed twice (and a reused descriptor number can be another pipe's)."""
+    iterator, loader._iterator = getattr(loader, "_iterator", None), None
+    if iterator is not None:
+        iterator._shutdown_workers()  # what the iterator's __del__ would run, at a known time

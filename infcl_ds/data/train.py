@@ -13,7 +13,7 @@ from .dataset import Collate, TrainDataset
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
 from .pinned import pinned_empty
-from .sampler import RankBatchSampler, SettableSampler, pieces_per_step, steps_per_epoch, start_workers
+from .sampler import RankBatchSampler, SettableSampler, pieces_per_step, steps_per_epoch, start_workers, stop_workers
 from .sources import build_source
 from .transforms import uint8_image_transform
 
@@ -114,6 +114,15 @@ class TrainData:
             row += len(piece_images)
             skipped += piece_skipped
         return HostBatch(images, texts, self.mean, self.std), skipped
+
+    def close(self) -> None:
+        """End the batch-ahead thread and both worker pools (after the last batch is used)."""
+        if self._ahead is not None:
+            self._ahead.stop()
+        if self._ahead is None or not self._ahead.running():  # else the thread is still inside the loader
+            stop_workers(self._loader)
+        if self.decoder is not None:
+            self.decoder.close()
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "step": self.step, "skipped": self.skipped}
