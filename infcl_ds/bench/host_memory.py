@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 from ..plan.cli import parse_size
+from ..plan.memory import GIB
 from .common import run_identity, write_rows
-
-GIB = 2 ** 30
 
 
 class MemorySampler(threading.Thread):

@@ -15,14 +15,8 @@ configurations it was NOT fitted on (launch/bench_planner_check.sh): allocated p
 torch's max_memory_allocated, and the total (with the runtime reserve) against what the
 device had in use.
 
-Fits on ONE row (--fit-batch, the global batch): the activation factor (the re-encode
-phase's measured peak, less the planner's other encoder-pass components, over the counted
-activations of one chunk) and the encoder rates (the encode and re-encode phases' seconds
-per sample). Prints them beside the constants in the code, then, for every row, the
-planner's prediction made with the constants in the code (not the refit) against the
-measurement: the table of docs/planner.md. Each prediction is what
-`infcl-ds plan --config ds_configs/recipes/vit-b16-1m-8gpu.yaml --gpus W --set batch.global=B`
-prints for a row of that recipe's model, chunk, dtype and ZeRO stage.
+Otherwise: the fit on one row (--fit-batch) beside the constants in the code, and the tables of
+docs/planner.md (every row predicted with the constants in the code).
 """
 import argparse
 import json
@@ -59,14 +53,18 @@ def measured_rows(path=TRAIN, impl: str = "infcl_ds"):
     return rows, data.get("meta", {})
 
 
+def _row_plan(row: dict, meta: dict, rates: KernelRates):
+    """The plan of a row's recipe on its GPUs, memory unbounded."""
+    return make_plan(row_recipe(row, meta), row["world"], 1 << 50, gpus_per_node=row["world"], rates=rates)
+
+
 def fit(row: dict, meta: dict, rates: KernelRates) -> dict:
     """The constants one measured row gives."""
-    recipe = row_recipe(row, meta)
-    plan = make_plan(recipe, row["world"], 1 << 50, gpus_per_node=row["world"], rates=rates)
-    gpu = plan.gpu
+    plan = _row_plan(row, meta, rates)
+    gpu, recipe = plan.gpu, plan.recipe
     others = sum(gpu.components[name] for name in gpu.phases[mem.ENCODER_PASS]
                  if name not in (mem.ACTIVATIONS, mem.RUNTIME))
-    counted = recipe.batch.chunk * plan.model.counted_activation_bytes(2 if row["dtype"] == "bf16" else 4,
+    counted = recipe.batch.chunk * plan.model.counted_activation_bytes(mem.DTYPE_BYTES[recipe.precision.dtype],
                                                                        recipe.model.grad_checkpointing)
     activations = row["peak_mib"]["reencode"] * MIB - others
     return {"others_mib": others / MIB, "counted_mib": counted / MIB, "activations_mib": activations / MIB,
@@ -76,7 +74,7 @@ def fit(row: dict, meta: dict, rates: KernelRates) -> dict:
 
 def check(row: dict, meta: dict, rates: KernelRates) -> dict:
     """The planner's prediction for one row, with the constants in the code."""
-    plan = make_plan(row_recipe(row, meta), row["world"], 1 << 50, gpus_per_node=row["world"], rates=rates)
+    plan = _row_plan(row, meta, rates)
     t = plan.time
     return {"B": row["B"], "local": row["local"], "peak_mib": row["peak_mib_max"],
             "pred_peak_mib": plan.allocated_peak_bytes / MIB, "pred_total_gib": plan.peak_gpu_bytes / mem.GIB,
@@ -91,12 +89,11 @@ PLANNER_CHECK = TRAIN.with_name("planner_check.json")
 def check_recorded(path=PLANNER_CHECK) -> list:
     """Each measured row of a planner-check file with today's predictions beside it."""
     data = json.loads(Path(path).read_text())
-    out = []
+    out, rates = [], KernelRates.load()
     for row in data["rows"]:
         if row.get("status") != "measured":
             continue
-        recipe = row_recipe(row, {"grad_checkpointing": bool(row.get("grad_checkpointing"))})
-        plan = make_plan(recipe, row["world"], 1 << 50, gpus_per_node=row["world"], rates=KernelRates.load())
+        plan = _row_plan(row, {"grad_checkpointing": bool(row.get("grad_checkpointing"))}, rates)
         out.append({"config": row["config"], "allocator": row.get("allocator", "default"), "model": row["model"],
                     "B": row["B"], "chunk": row["chunk"], "zero": row["zero"],
                     "checkpointing": bool(row.get("grad_checkpointing")),
@@ -217,17 +214,16 @@ def main(argv=None) -> int:
     print("| global B | per GPU | role | measured peak | predicted peak | error | measured step | predicted step "
           "| error |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(rows, key=lambda r: r["B"]):
-        c = check(r, meta, rates)
-        role = "fit" if r["B"] == row["B"] else "check"
+    checks = [check(r, meta, rates) for r in sorted(rows, key=lambda r: r["B"])]
+    for c in checks:
+        role = "fit" if c["B"] == row["B"] else "check"
         print(f"| {c['B']:,} | {c['local']:,} | {role} | {c['peak_mib']:,.0f} MiB | {c['pred_peak_mib']:,.0f} MiB | "
               f"{c['pred_peak_mib'] / c['peak_mib'] - 1:+.2%} | {c['step_s']:.2f} s | {c['pred_step_s']:.2f} s | "
               f"{c['pred_step_s'] / c['step_s'] - 1:+.1%} |")
     print()
     print("| global B | encode measured / predicted | loss | re-encode |")
     print("|---|---|---|---|")
-    for r in sorted(rows, key=lambda r: r["B"]):
-        c = check(r, meta, rates)
+    for c in checks:
         cells = " | ".join(f"{m:.2f} / {p:.2f} s" for m, p in c["phases"].values())
         print(f"| {c['B']:,} | {cells} |")
     return 0

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        rates = KernelRates.load(args.rates) if args.rates else KernelRates.load()
+        rates = KernelRates.load(args.rates or None)
         if args.scaling:
             rows = ring_scaling_table([parse_count(b) for b in args.batch.split(",")], args.dim,
                                       [int(r) for r in args.ranks.split(",")], args.gpus_per_node, rates=rates)

@@ -28,23 +28,15 @@ from typing import Dict, Optional, Tuple
 from ..resources import read_json
 from .errors import PlanError
 
-# Saved values per token of one layer, in the compute dtype: 8 of width h and 2 of the MLP
-# width m (see above); QuickGELU adds 1 of width m, each of the two LayerScales 1 of width h.
+# Saved per token of one layer (module docstring): values of width h and m in the compute dtype,
+# and fp32 bytes: the LayerNorms' mean and rstd, per head the attention's log-sum-exp
+# (memory-efficient attention pads it to 32 tokens: ignored).
 LAYER_VALUES_H, LAYER_VALUES_M = 8, 2
-# Saved fp32 bytes per token of one layer: the two LayerNorms' mean and rstd; and per head
-# the attention's log-sum-exp (memory-efficient attention pads it to 32 tokens: ignored).
 NORM_STAT_BYTES = 2 * 2 * 4
 LSE_BYTES_PER_HEAD = 4
-# With activation checkpointing (open_clip checkpoints each block) a layer keeps its input only.
-CHECKPOINT_VALUES_H = 1
 
-# Measured activation bytes over the counted ones, per (model, grad_checkpointing): the
-# backward's transient buffers and allocator rounding (package data, calibration/activations.json,
-# refitted by `python -m infcl_ds.plan.calibrate --write`). ViT-B-16's is fitted on ONE
-# configuration, docs/benchmarks/train.json's B = 65,536 row (ViT-B-16 at 224 px, bf16, ZeRO-2,
-# chunk 256, 2 x H200): the re-encode phase's measured peak less the planner's other
-# encoder-pass components, over the counted activations of one chunk. The B = 262,144 and
-# 1,048,576 rows are the check (docs/planner.md).
+# Measured activation bytes over the counted ones, per (model, grad_checkpointing):
+# calibration/activations.json, refitted by `python -m infcl_ds.plan.calibrate --write` (docs/planner.md).
 _ACTIVATIONS = read_json("calibration", "activations.json")
 ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {
     (fit["model"], fit["grad_checkpointing"]): fit["factor"] for fit in _ACTIVATIONS["fits"]}
@@ -101,14 +93,6 @@ class Tower:
                   + (2 * h if self.layer_scale else 0))
         return s * (values * elem + NORM_STAT_BYTES * stat_bytes // 4 + LSE_BYTES_PER_HEAD * a)
 
-    def outside_layers_bytes(self, elem: int) -> int:
-        """Per sample, saved outside the layers: the final norms' inputs/outputs (s x h each)."""
-        return self.extra_values * self.tokens * self.width * elem
-
-    def checkpoint_bytes(self, elem: int) -> int:
-        """Per sample, with activation checkpointing: every layer's input."""
-        return self.layers * CHECKPOINT_VALUES_H * self.tokens * self.width * elem
-
 
 @dataclass(frozen=True)
 class ModelEstimate:
@@ -138,11 +122,11 @@ class ModelEstimate:
         dtype (the patch embedding's saved input; the uint8 copy is freed by then)."""
         towers = (self.image, self.text)
         if checkpointing:
-            per_sample = (sum(t.checkpoint_bytes(elem) for t in towers)
+            per_sample = (sum(t.layers * t.tokens * t.width * elem for t in towers)
                           + max(t.layer_activation_bytes(elem, stat_bytes) for t in towers))
         else:
             per_sample = sum(t.layers * t.layer_activation_bytes(elem, stat_bytes) for t in towers)
-        per_sample += sum(t.outside_layers_bytes(elem) for t in towers)
+        per_sample += sum(t.extra_values * t.tokens * t.width * elem for t in towers)
         return per_sample + 3 * self.image_size ** 2 * elem
 
     def activation_bytes(self, chunk: int, elem: int, checkpointing: bool) -> float:
@@ -212,12 +196,8 @@ def text_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -
 def model_config(name: str) -> dict:
     """open_clip's config for ``name``, the project's tiny models included."""
     import open_clip
-    try:
-        from ..models import register_tiny_configs
-    except ImportError:  # an older checkout without the tiny models
-        pass
-    else:
-        register_tiny_configs()
+    from ..models import register_tiny_configs
+    register_tiny_configs()
     cfg = open_clip.get_model_config(name)
     if cfg is None:
         raise PlanError(f"plan: open_clip has no model config named {name!r}")

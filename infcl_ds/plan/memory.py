@@ -20,12 +20,6 @@ Parameters, optimizer states, ZeRO-3's buffers and the runtime reserve are there
 The peak per GPU is the largest phase. Everything but the runtime reserve is memory that
 torch's caching allocator hands out, i.e. what torch.cuda.max_memory_allocated reports;
 the reserve stands for what it does not see (CUDA context, NCCL, fragmentation).
-
-Checked against docs/benchmarks/train.json (ViT-B-16, 2 x H200, docs/planner.md): the
-encoder pass is fitted there at B = 64k (encoders.ACTIVATION_CALIBRATION) and predicted at
-256k and 1M; the loss phase and the fixed terms are not fitted (the measured optimizer
-step, 1,781 MiB, holds the predicted parameters + optimizer states, 1,141 MiB, and
-DeepSpeed's gradient partitions).
 """
 from dataclasses import dataclass
 from typing import Dict, Tuple
@@ -37,16 +31,9 @@ from .encoders import ModelEstimate
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
-# GPU: what the device holds beyond torch's allocated peak (CUDA context, cuBLAS and NCCL
-# workspaces, the caching allocator's rounding and fragmentation), which
-# torch.cuda.max_memory_allocated leaves out. Measured with expandable segments (the
-# trainer's default): device in use minus allocated peak 2.1-2.9 GiB in four runs on H200
-# (docs/benchmarks/planner_check.json, train_vs_inf_cl.json; the CUDA context alone 1.7
-# GiB); the default allocator kept up to 6.5 GiB. Host, per rank: Python, torch and the CUDA
-# host libraries, and the rank's data-loader worker processes. Two one-GPU runs with encoded
-# batches and 14 decode processes used 4.0 and 6.3 GiB of host memory beyond their two local
-# batches (docs/benchmarks/host_memory.json); this reserve and DECODE_WORKER_RESERVE below
-# cover the larger with a margin.
+# GPU: what the device holds beyond torch.cuda.max_memory_allocated (CUDA context, cuBLAS and
+# NCCL workspaces, allocator rounding and fragmentation). Host, per rank: Python, torch, the CUDA
+# host libraries and the rank's data-loader workers. Both measured: docs/planner.md.
 GPU_RUNTIME_RESERVE = int(2.5 * GIB)
 HOST_RESERVE_PER_RANK = 5 * GIB
 # torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py

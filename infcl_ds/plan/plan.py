@@ -77,9 +77,7 @@ class Plan:
         return self.gpu.peak
 
     @property
-    def allocated_peak_bytes(self) -> int:
-        """The peak less the runtime reserve: what torch.cuda.max_memory_allocated should read
-        (the quantity `infcl-ds bench train` measures)."""
+    def allocated_peak_bytes(self) -> int:  # GpuMemory.allocated_peak: what `infcl-ds bench train` measures
         return self.gpu.allocated_peak
 
     @property
@@ -237,7 +235,7 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
 
 def _problem(plan: Plan) -> Tuple[str, str]:
     """(culprit, description) of the most exceeded limit."""
-    limit = min(plan.limits, key=lambda item: item.growth)
+    limit = plan.limit(plan.binding)
     if limit.name == HOST_LIMIT:
         inputs = plan.host[mem.INPUTS]
         return HOST_LIMIT, (f"host memory per node needs {mem.gib(limit.used)} GiB of {mem.gib(limit.capacity)} GiB "

@@ -4,7 +4,7 @@ from typing import List, Sequence
 from . import memory as mem
 from .encoders import CALIBRATION_SOURCE, activation_calibration
 from .plan import GPU_LIMIT, HOST_LIMIT, Plan
-from .timing import NETWORKS, NVLINK, KernelRates, Rate, ScalingRow, min_hidden_block
+from .timing import NETWORKS, NVLINK, KernelRates, ScalingRow, min_hidden_block
 
 
 def count(n: int) -> str:
@@ -13,11 +13,6 @@ def count(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)
-
-
-def describe_rate(rate: Rate) -> str:
-    return (f"{rate.flops / 1e12:.0f} TFLOP/s, from the {rate.dtype} rates measured at D={rate.dim}, "
-            f"for blocks of {rate.batch:,}")
 
 
 def _header(plan: Plan) -> str:
@@ -53,7 +48,7 @@ def _gpu_table(plan: Plan) -> List[str]:
 def _host_line(plan: Plan) -> str:
     ranks = min(plan.gpus, plan.gpus_per_node)
     data = plan.recipe.data
-    pieces = data.workers * mem.DATALOADER_PREFETCH_FACTOR * min(data.worker_batch, plan.local_batch)
+    pieces = mem.input_samples_held(plan.local_batch, data.workers, data.worker_batch) - 2 * plan.local_batch
     parts = ", ".join(f"{name} {mem.gib(nbytes)}" for name, nbytes in plan.host.items())
     assumed = " (assumed; pass --host-memory)" if plan.host_memory_assumed else ""
     if data.host_batch == "encoded":
@@ -72,7 +67,7 @@ def _host_line(plan: Plan) -> str:
                  else "each sample twice per step")
         lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank ({twice}), "
                   f"{rate.available:,.0f} available from {rate.workers} decode processes at the measured "
-                  f"{rate.available / max(rate.workers, 1):,.0f} per process")
+                  f"{rate.per_worker:,.0f} per process")
         if rate.binds:
             lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "
                       f"{plan.time.total:.0f} s (set data.decode_workers={rate.workers_needed()})")
@@ -88,7 +83,8 @@ def _time_lines(plan: Plan) -> List[str]:
     lines = [step,
              f"  encoders: {passes:.0f} passes x {m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
              f"{t.encoder_rate / 1e12:.0f} TFLOP/s per GPU: {t.encoder_source}",
-             f"  loss: 8 B^2 D / {plan.gpus} GPUs at {describe_rate(t.rate)}"]
+             f"  loss: 8 B^2 D / {plan.gpus} GPUs at {t.rate.flops / 1e12:.0f} TFLOP/s, from the {t.rate.dtype} "
+             f"rates measured at D={t.rate.dim}, for blocks of {t.rate.batch:,}"]
     if plan.inputs is None:  # decoded host batches: the data workers decode, at a rate not modelled
         per_gpu = plan.local_batch / t.total
         lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} "

@@ -9,13 +9,9 @@ re-encode  every chunk again with grad, forward and backward (with activation
 optimizer  one step on the rank's partition: measured at 0.03-0.04 s for ViT-B-16 on 2 GPUs
            (docs/benchmarks/train.json), under 0.2% of those steps; not modelled.
 
-Encoders: for a model in MEASURED_ENCODER_RATES (infcl_ds/calibration/encoder_rates.json), the
-seconds per sample per GPU that `infcl-ds bench train` measured for the encode and re-encode
-phases (bf16; fp32 models at
-FP32_ENCODER_SLOWDOWN times that). For any other model, or with --encoder-tflops, the
-passes' FLOPs (1 forward, then 3: forward + a backward of twice the forward; 4 with
-checkpointing) at an effective rate per GPU: DEFAULT_ENCODER_TFLOPS, ViT-B-16's measured
-rate, unless one is given.
+Encoders: the seconds per sample per GPU measured for the model (MEASURED_ENCODER_RATES), else
+the passes' FLOPs (encoder_passes) at an effective rate per GPU (DEFAULT_ENCODER_TFLOPS or
+--encoder-tflops).
 
 Loss: the effective work of the bidirectional loss is 8 B^2 D FLOPs (docs/benchmarks.md:
 forward 2 B^2 D, backward 6 B^2 D), split evenly over W GPUs by the ring, each running W
@@ -49,39 +45,26 @@ class EncoderRate:
     source: str
 
     @property
-    def forward(self) -> float:
-        """Seconds per sample of the no-grad forward."""
+    def forward(self) -> float:  # seconds per sample of the no-grad forward
         return self.encode_s / self.samples
 
     @property
-    def forward_backward(self) -> float:
-        """Seconds per sample of the forward with grad and the backward."""
+    def forward_backward(self) -> float:  # seconds per sample of the forward with grad and the backward
         return self.reencode_s / self.samples
 
 
-# Measured encoder rates, by open_clip model name, with where each was measured (package data,
-# refitted by `python -m infcl_ds.plan.calibrate --write`). ViT-B-16's is fitted on ONE
-# configuration, the B = 65,536 row of docs/benchmarks/train.json (2 x H200, bf16, ZeRO-2,
-# chunk 256); its 262,144 and 1,048,576 rows are the check (docs/planner.md). Not measured:
-# other chunk sizes, other GPUs (an H100's lower memory bandwidth slows eager open_clip's
-# elementwise kernels), activation checkpointing.
+# Measured encoder rates by open_clip model name: calibration/encoder_rates.json, refitted by
+# `python -m infcl_ds.plan.calibrate --write` (docs/planner.md).
 _ENCODER_RATES = read_json("calibration", "encoder_rates.json")["models"]
 MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
     name: EncoderRate(**{k: v for k, v in entry.items() if k != "compiled"}) for name, entry in _ENCODER_RATES.items()}
-# The same phases with compiled towers (model.compile): ViT-B-16's measured at chunk 1024 on one
-# H200 (docs/benchmarks/vs_open_clip.json), 1.29x the eager rate of that run. A model without a
-# compiled measurement is planned at its eager rate (compilation does not make it slower there).
+# The same phases with compiled towers (model.compile). A model without a compiled measurement
+# is planned at its eager rate (compilation does not make it slower there).
 COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
     name: EncoderRate(**entry["compiled"]) for name, entry in _ENCODER_RATES.items() if "compiled" in entry}
-# ZeRO-3 gathers every layer's parameters before its forward and again for its backward, for
-# every chunk: ViT-B-16 at chunk 256 on ONE H200 took 2.71x the encoder time of ZeRO-2
-# (docs/benchmarks/planner_check.json, zero3 rows: 28.7 s against 10.6 s predicted for
-# 16,384 samples). Over NCCL across GPUs the gathers cost more, so this is a floor.
+# ZeRO-3's encoder time over ZeRO-2's (per-chunk parameter gathers), measured on one GPU: a floor.
 ZERO3_ENCODER_SLOWDOWN = 2.7
-# Models not measured: ViT-B-16's effective rate there, 4 x 41.09 GFLOP x 32,768 samples in
-# 21.16 s = 254 TFLOP/s per GPU (2 FLOPs per multiply-add; 127 T multiply-adds/s), transferred.
-# Larger models' bigger matrix products likely run faster, so this likely overstates their
-# step time.
+# Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
 DEFAULT_ENCODER_TFLOPS = 254.0
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
@@ -191,13 +174,6 @@ def hop_bytes(block: int, dim: int, elem: int) -> tuple:
     return forward, forward + 4 * block * dim
 
 
-def ring_link(world: int, gpus_per_node: int, network: str) -> tuple:
-    """(name, bytes/s) of the slowest link a hop crosses."""
-    if world <= gpus_per_node:
-        return "NVLink", NVLINK
-    return network, NETWORKS[network]
-
-
 def ring_hop(block: int, dim: int, elem: int, rate: float, forward_fraction: float, link: str,
              bandwidth: float) -> RingHop:
     work = 8 * block * block * dim / rate
@@ -279,7 +255,8 @@ def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpoi
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
-        link, bandwidth = ring_link(world, gpus_per_node, network)
+        # the slowest link a hop crosses
+        link, bandwidth = ("NVLink", NVLINK) if world <= gpus_per_node else (network, NETWORKS[network])
         hop = ring_hop(local, model.embed_dim, elem, rate.flops, rates.forward_fraction, link, bandwidth)
         loss = world * hop.time
         hiding = min_hidden_block(model.embed_dim, elem, rate.flops, rates.forward_fraction, bandwidth)
