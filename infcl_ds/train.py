@@ -14,12 +14,14 @@ import argparse
 import json
 import math
 import os
+import random
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import torch
 
 from .config import Recipe, RecipeError, build_deepspeed_config, check_world, dump_recipe, load_recipe
@@ -39,15 +41,6 @@ def parse_args(argv: Optional[List[str]]):
                              "optimizer, model, data order); the changes are logged")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher (unused: LOCAL_RANK)")
     return parser.parse_args(argv)
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
@@ -83,6 +76,7 @@ class Trainer:
                  allow_recipe_change: bool = False):
         import deepspeed.comm as dist
 
+        from .data import build_eval_data, build_train_data
         from .data.check import check_paths
         from .engine import ContrastiveEngine
         from .engine.optim import clip_param_groups
@@ -107,7 +101,9 @@ class Trainer:
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.resume_dir = self._resume_dir(resume or recipe.checkpoint.resume, allow_recipe_change)
         self.phase = "building the model, engine and data"
-        seed_everything(recipe.model.seed)
+        random.seed(recipe.model.seed)
+        np.random.seed(recipe.model.seed)
+        torch.manual_seed(recipe.model.seed)
         model = create_model(recipe.model.name, loss=recipe.model.loss)
         if recipe.model.grad_checkpointing:
             model.set_grad_checkpointing(True)
@@ -126,8 +122,16 @@ class Trainer:
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
             grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
             compile_backend="inductor" if recipe.compiles(self.device.type) else None)
-        self.data = self._train_data()
-        self.eval_data = self._eval_data()
+        # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
+        self.data = build_train_data(recipe.data.model_dump(), rank=self.rank, world_size=self.world,
+                                     local_batch=recipe.local_batch(self.world), seed=recipe.model.seed,
+                                     image_size=self.info["image_size"], tokenizer=self.tokenizer,
+                                     mean=self.info["mean"], std=self.info["std"])
+        self.eval_data = None
+        if recipe.data.eval:
+            self.eval_data = build_eval_data(recipe.data.eval, image_size=self.info["image_size"],
+                                             tokenizer=self.tokenizer, batch_size=recipe.eval.batch_size,
+                                             mean=self.info["mean"], std=self.info["std"])
         self.step = 0
         if self.resume_dir is not None:
             self.phase = f"resuming from {self.resume_dir}"
@@ -140,21 +144,6 @@ class Trainer:
                  "local_batch": recipe.local_batch(self.world), "steps_per_epoch": self.data.steps_per_epoch}, indent=1))
 
     # -- construction -------------------------------------------------------------------
-    def _train_data(self):
-        from .data import build_train_data
-        # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
-        return build_train_data(self.recipe.data.model_dump(), rank=self.rank, world_size=self.world,
-                                local_batch=self.recipe.local_batch(self.world), seed=self.recipe.model.seed,
-                                image_size=self.info["image_size"], tokenizer=self.tokenizer,
-                                mean=self.info["mean"], std=self.info["std"])
-
-    def _eval_data(self):
-        if not self.recipe.data.eval:
-            return None
-        from .data import build_eval_data
-        return build_eval_data(self.recipe.data.eval, image_size=self.info["image_size"], tokenizer=self.tokenizer,
-                               batch_size=self.recipe.eval.batch_size, mean=self.info["mean"], std=self.info["std"])
-
     def _resume_dir(self, tag: Optional[str], allow_recipe_change: bool) -> Optional[Path]:
         """The verified checkpoint to resume (None for a fresh run), read before any heavy
         set-up: its tag inside checkpoints/, its manifest, this rank's client state
@@ -196,11 +185,11 @@ class Trainer:
 
     def run(self) -> dict:
         from .training import checkpoint
-        from .training.metrics import MetricsLogger, Throughput, peak_memory_gib
+        from .training.metrics import MetricsLogger, peak_memory_gib
         r = self.recipe
         logger = MetricsLogger(self.run_dir, self.rank == 0, r.logging.tensorboard, resume_step=self.step)
         bar = self._progress_bar()
-        timer, batches = Throughput(), self._batches()
+        lap, batches = time.perf_counter(), self._batches()
         from .engine.compile import graphs_compiled
         engine = self.step_engine.engine
         results = {}
@@ -217,7 +206,8 @@ class Trainer:
             # this one trains, so a rank holds two local batches, not three.
             del batch
             self.step += 1
-            seconds = timer.lap()
+            now = time.perf_counter()
+            seconds, lap = now - lap, now
             if self.step % r.logging.every == 0 or self.step == r.schedule.steps:
                 row = {"step": self.step, "epoch": self.data.state_dict()["epoch"], "loss": loss.item(),
                        "lr": lr, "logit_scale": self._logit_scale(),
@@ -319,7 +309,6 @@ def use_expandable_segments() -> None:
     measured on an H200 it keeps 1-5 GiB less in reserve beside the same allocated peak
     (fragmentation between chunks of different sizes; docs/planner.md), which the planner's
     runtime reserve assumes. Read when CUDA first allocates, so before any device work."""
-    import os
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 

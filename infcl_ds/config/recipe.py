@@ -37,10 +37,9 @@ class ModelSection(Section):
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     seed: NonNegativeInt = 0                     # initial weights and everything random
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
-    # torch.compile of both towers (engine/compile.py), ZeRO 0-2; compiles once per chunk shape
-    # and pass. auto: on for CUDA ranks under ZeRO 0-2 (ViT-B-16 steps 1.29x faster on an H200,
-    # docs/benchmarks/vs_open_clip.json; the first step ~1 min longer), off on CPU ranks (where
-    # inductor needs a C++ compiler and gains little) and under ZeRO-3.
+    # torch.compile of both towers (engine/compile.py), once per chunk shape and pass. auto: on
+    # for CUDA ranks under ZeRO 0-2, off on CPU ranks (inductor needs a C++ compiler and gains
+    # little) and under ZeRO-3 (its parameter gathering breaks compiled graphs).
     compile: Union[Literal["auto"], bool] = "auto"
 
 
@@ -60,10 +59,8 @@ class DataSection(Section):
     augment: bool = True
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
     decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
-    # encoded: pil is open_clip's PIL pipeline, pixel for pixel; torchvision decodes with
-    # torchvision.io (libjpeg-turbo) and resizes with torch in the same processes: 1.26x PIL's
-    # rate for one process on an H200 host, 1.15x per process during a step (docs/benchmarks.md);
-    # pixels 0.14 uint8 levels from PIL's on average (tests/test_encoded.py).
+    # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
+    # libjpeg-turbo, torch's resize) is faster, with pixels close to PIL's (data/device_decode.py).
     decoder: Literal["pil", "torchvision"] = "pil"
     keep_decoded_gib: NonNegativeFloat = 0.0     # encoded: GPU memory keeping the first pass's decoded chunks
                                                  # for the grad pass (those are decoded once per step, not twice)
@@ -194,9 +191,6 @@ class Recipe(Section):
                              "gathering breaks compiled graphs): use zero.stage 0-2 or model.compile=false")
         _check_overrides(self)
         return self
-
-    def to_dict(self) -> Dict[str, Any]:
-        return self.model_dump()
 
     def local_batch(self, world_size: int) -> int:
         return self.batch.global_size // world_size

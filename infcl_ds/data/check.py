@@ -16,23 +16,20 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import DataError
-from .sources import check_source_keys
+from .eval import find_zeroshot
+from .webdataset_source import expand_shards
 
 
 def check_paths(data) -> str:
     """A one-line summary of what the recipe's `data` section points at; DataError otherwise."""
-    check_source_keys(data.source, data.train)
     if data.source == "synthetic":
         found = f"synthetic data, {data.synthetic_size} samples"
     elif data.source == "webdataset":
-        from .webdataset_source import expand_shards
         found = f"{len(expand_shards(data.train))} shards"
     else:
         rows = check_csv(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator)
         found = f"CSV {data.train} ({rows} lines)"
     if data.eval:
-        from .eval import find_zeroshot
-        from .webdataset_source import expand_shards
         eval_shards = expand_shards(data.eval)
         find_zeroshot(eval_shards)  # beside the shards or one level up, as evaluation looks
         found += f"; evaluation split {data.eval} ({len(eval_shards)} shards)"

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from .errors import DataError
 from .samples import Sample, SkipSample, Source
-from .transforms import apply_seeded, sample_seed
+from .transforms import sample_seed, seeded_cpu_generator
 
 # A run of unusable samples this long means broken data, not bad luck: fail loudly rather than
 # train on copies of the few readable neighbours.
@@ -40,7 +40,8 @@ class TrainDataset(Dataset):
 def transform_image(transform, image, seed: int, epoch: int, index: int) -> torch.Tensor:
     """The slot's augmented uint8 image. Seeded by the slot (epoch, index): the crop depends on
     nothing a resume, a worker count or a second decode of the same bytes could change."""
-    return apply_seeded(transform, image, sample_seed(seed, epoch, index))
+    with seeded_cpu_generator(sample_seed(seed, epoch, index)):  # torchvision draws from it
+        return transform(image)
 
 
 def load_or_replace(load, n: int, index: int) -> Tuple[Sample, int]:

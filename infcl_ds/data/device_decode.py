@@ -2,13 +2,10 @@
 a trainer option yet), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder: torchvision`,
 in the decode processes); then open_clip's crop and resize with torch on the same device.
 
-CPU decode processes with PIL (data/encoded.py) reproduce open_clip's pipeline exactly, but a step
-decodes every sample twice, and a fast encoder can outrun the host's cores. Here the crop is drawn
-exactly as the PIL path draws it (the same RandomResizedCrop parameters from the same per-slot
-seed); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic
-resize): 0.14 uint8 levels on average on the CPU (tests/test_encoded.py), 0.46 with nvJPEG on an
-H200 (3,725 samples/s in one process; docs/benchmarks.md). Images that are not JPEG (PNG, WebP)
-and JPEGs the decoder refuses are decoded by PIL, then cropped the same way; an image neither can
+The crop is drawn exactly as the PIL path (data/encoded.py) draws it, from the same per-slot
+seed; the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic
+resize; how close: tests/test_encoded.py, docs/benchmarks.md). Images that are not JPEG, and
+JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image neither can
 decode is replaced as in data/encoded.py.
 """
 from typing import List, Optional
@@ -48,14 +45,6 @@ class DeviceCrops:
         return F.center_crop(image, list(self.center.size))
 
 
-def _decode_on_host(blob: bytes, device) -> Optional[torch.Tensor]:
-    try:
-        image = decode_image(blob)
-    except SkipSample:
-        return None
-    return F.pil_to_tensor(image).to(device)
-
-
 def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
     """uint8 [3, h, w] per blob on `device` (None: undecodable): JPEGs in one batched call of
     the device's decoder, the rest (and any JPEG it refuses) by PIL on the host."""
@@ -79,7 +68,10 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
             out[i] = image
     for i, blob in enumerate(blobs):
         if out[i] is None:
-            out[i] = _decode_on_host(blob, device)
+            try:
+                out[i] = F.pil_to_tensor(decode_image(blob)).to(device)
+            except SkipSample:
+                pass
     return out
 
 

@@ -1,17 +1,10 @@
-"""Local batches held as the shards store them, decoded one chunk at a time in each pass.
+"""Local batches held as the shards store them (a JPEG of ~10-30 KB, not 147 KB of 224 px
+pixels), decoded chunk by chunk in each of the engine's two passes by a pool of processes.
 
-A decoded 224 px sample is 150,528 B of uint8 pixels; its JPEG in a LAION-style shard is
-~10-30 KB. Holding a rank's local batches encoded is what lets one node hold batches of
-millions. The price is decoding every sample twice per step, once per pass of the engine, so
-decoding runs in a pool of worker processes ahead of the encoder. The engine asks for
-`chunk(lo, hi)` in a fixed order (every chunk without grad, then every chunk with grad); at the
-first request a batch queues that whole order with the pool, which decodes a few pieces ahead.
-A request out of that order is decoded in the calling process instead: slower, never wrong.
-
-Both passes see bit-identical pixels: decoding and augmentation are the decoded path's own
-(`transform_image`, seeded by the sample's (epoch, index) slot) on the same bytes. An image that
-does not decode is replaced by the next row of its piece that does (image and tokens both), the
-same way in both passes, and counted once.
+The engine asks for chunks in a fixed order (every chunk without grad, then with grad): a batch
+queues that order with the pool at its first request, and decodes a request out of that order
+in the calling process (slower, same pixels). Both passes see bit-identical pixels: the same
+bytes, augmented under the same per-slot seed (dataset.transform_image).
 """
 import time
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -106,8 +99,8 @@ def replace_undecodable(row0: int, images: Sequence[Optional[torch.Tensor]]):
 class ChunkDecoder:
     """A rank's decode pool: `workers` processes (0: decode in the calling process), started
     here, before any batch exists (sampler.SettableSampler says why), and kept for the run
-    (DataLoader's persistent workers, which also turn a
-    worker's death or a stall past DECODE_TIMEOUT_S into an error in the rank). `decoder`:
+    (DataLoader's persistent workers, which also turn a worker's death or a stall past
+    DECODE_TIMEOUT_S into an error in the rank). `decoder`:
     "pil" (open_clip's pixels exactly) or "torchvision" (torchvision.io's decoder and torch's
     resize on the CPU, the same crops: data.decoder)."""
 
@@ -119,7 +112,6 @@ class ChunkDecoder:
             self.pieces = DevicePieces(transform, seed, "cpu")
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
-        self.workers = workers
         self._sampler = SettableSampler()
         self._loader = None
         if workers > 0:
@@ -181,12 +173,9 @@ class EncodedBatch:
         return (sum(b.numel() for b in self._blobs) + self.texts.numel() * self.texts.element_size()
                 + 8 * len(self.indices) + self._piece.nbytes + self._size.nbytes + self._start.nbytes)
 
-    def blob(self, row: int) -> bytes:
-        start = int(self._start[row])
-        return self._blobs[self._piece[row]][start:start + int(self._size[row])].numpy().tobytes()
-
     def _request(self, lo: int, hi: int):
-        return lo, [self.blob(r) for r in range(lo, hi)], self.epoch, self.indices[lo:hi]
+        rows = zip(self._piece[lo:hi].tolist(), self._start[lo:hi].tolist(), self._size[lo:hi].tolist())
+        return lo, [self._blobs[p][s:s + n].numpy().tobytes() for p, s, n in rows], self.epoch, self.indices[lo:hi]
 
     def _start_stream(self, chunk_rows: int) -> None:
         """Queue every piece of the engine's order of requests: each pass, every chunk of
@@ -212,7 +201,9 @@ class EncodedBatch:
             pieces = [next(self._stream) for _ in wanted]
         except DataError:  # unusable data, raised in a worker: its own message
             raise
-        except (RuntimeError, StopIteration) as err:  # a dead or stalled decode worker
+        # A dead or stalled decode worker: torch's RuntimeError, or, when it died while handing
+        # a piece over, the broken connection that carried the piece's descriptor.
+        except (RuntimeError, StopIteration, OSError, EOFError) as err:
             raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from err
         self.decode_wait_s += time.perf_counter() - started
         return pieces

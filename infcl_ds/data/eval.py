@@ -18,13 +18,9 @@ from .webdataset_source import TarSource
 def find_zeroshot(shards: List[Path]) -> dict:
     """zeroshot.json beside the first shard or one level up (DIR/test/.. = DIR)."""
     folder = shards[0].parent
-    for candidate in (folder / "zeroshot.json", folder.parent / "zeroshot.json"):
-        if candidate.is_file():
-            return _checked_prompts(candidate)
-    raise DataError(f"no zeroshot.json in {folder} or {folder.parent}")
-
-
-def _checked_prompts(path: Path) -> dict:
+    path = next((p for p in (folder / "zeroshot.json", folder.parent / "zeroshot.json") if p.is_file()), None)
+    if path is None:
+        raise DataError(f"no zeroshot.json in {folder} or {folder.parent}")
     try:
         prompts = json.loads(path.read_text())
     except ValueError as e:

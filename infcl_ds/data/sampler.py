@@ -25,10 +25,6 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng((seed, epoch)).permutation(num_samples)
 
 
-def pieces_per_step(local_batch: int, worker_batch: int) -> int:
-    return math.ceil(local_batch / worker_batch)
-
-
 class RankBatchSampler:
     """One rank's local batches from `start_step` to the end of the epoch, each cut into
     pieces of at most `worker_batch` (epoch, sample index) pairs.
@@ -44,9 +40,6 @@ class RankBatchSampler:
         self.num_samples, self.seed, self.epoch = num_samples, seed, epoch
         self.rank, self.world_size, self.local_batch = rank, world_size, local_batch
         self.start_step, self.steps, self.worker_batch = start_step, steps, worker_batch
-
-    def __len__(self) -> int:
-        return (self.steps - self.start_step) * pieces_per_step(self.local_batch, self.worker_batch)
 
     def __iter__(self) -> Iterator[List[Tuple[int, int]]]:
         order = epoch_order(self.num_samples, self.seed, self.epoch)

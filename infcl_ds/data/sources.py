@@ -8,18 +8,13 @@ from .webdataset_source import TarSource
 SOURCES = ("webdataset", "csv", "synthetic")
 
 
-def check_source_keys(kind, train) -> None:
-    """data.source is known, and a source that reads files has data.train."""
-    if kind not in SOURCES:
-        raise DataError(f"data.source must be one of {SOURCES}, got {kind!r}")
-    if kind != "synthetic" and train is None:
-        raise DataError(f"data.train is required for source {kind!r}")
-
-
 def build_source(spec: dict, image_size: int) -> Source:
     """Check the spec and open its source; every problem is a DataError naming the key or path."""
     kind = spec.get("source")
-    check_source_keys(kind, spec.get("train"))
+    if kind not in SOURCES:
+        raise DataError(f"data.source must be one of {SOURCES}, got {kind!r}")
+    if kind != "synthetic" and spec.get("train") is None:
+        raise DataError(f"data.train is required for source {kind!r}")
     if kind == "synthetic":
         return SyntheticSource(spec.get("synthetic_size"), image_size)
     if kind == "webdataset":

@@ -1,5 +1,6 @@
 """`build_train_data`: the training stream of one rank, resumable at any step."""
 import itertools
+import math
 import queue
 import threading
 from typing import Optional
@@ -13,7 +14,7 @@ from .dataset import Collate, TrainDataset
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
 from .pinned import pinned_empty
-from .sampler import RankBatchSampler, SettableSampler, pieces_per_step, steps_per_epoch, start_workers, stop_workers
+from .sampler import RankBatchSampler, SettableSampler, steps_per_epoch, start_workers, stop_workers
 from .sources import build_source
 from .transforms import uint8_image_transform
 
@@ -21,17 +22,12 @@ from .transforms import uint8_image_transform
 class TrainData:
     """One rank's batches: `set_epoch`, iterate, `state_dict`/`load_state_dict`.
 
-    The position is the number of batches already yielded in the current epoch. Each iteration
-    gives the loader a fresh sampler that starts at that position, so a resume is exact with
-    any number of workers; pieces prefetched by workers, and the batch assembled ahead, are
-    not counted until yielded. Use one iterator at a time. The workers are forked here, once,
-    while no batch is held (sampler.SettableSampler says why), and serve every epoch.
-
-    While the caller trains on one batch, a thread assembles the next (its workers decode
-    pieces of `worker_batch` samples meanwhile), so decoding hides behind the step. It starts
-    the next batch only once the caller has taken the last: a rank holds two local batches,
-    the one training and the one being filled, if the caller drops each batch before asking
-    for the next (infcl_ds/train.py does).
+    The position is the number of batches yielded in the current epoch (prefetched pieces and
+    the batch assembled ahead do not count): each iteration starts a fresh sampler there, so a
+    resume is exact with any number of workers. Use one iterator at a time. The workers are
+    forked here, once (sampler.SettableSampler says why). While the caller trains on one batch,
+    a thread assembles the next: a rank holds two local batches if the caller drops each before
+    asking for the next (infcl_ds/train.py does).
     """
 
     def __init__(self, dataset, collate, *, rank: int, world_size: int,
@@ -41,14 +37,14 @@ class TrainData:
         if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
             raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
                             f"worker_batch {worker_batch}")
-        self.dataset, self.collate, self.workers = dataset, collate, workers
+        self.dataset = dataset
         # With a decoder the batches are EncodedBatch (images as stored, decoded per chunk);
         # without, HostBatch (decoded uint8 pixels).
         self.decoder, self.keep_rows = decoder, keep_rows
         self.mean, self.std = tuple(mean), tuple(std)  # the model's normalisation, applied per chunk
         self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
         self.worker_batch = min(worker_batch, local_batch)
-        self._pieces_per_step = pieces_per_step(local_batch, self.worker_batch)
+        self._pieces_per_step = math.ceil(local_batch / self.worker_batch)
         self.num_samples = len(dataset.source)
         self.steps_per_epoch = steps_per_epoch(self.num_samples, world_size * local_batch, drop_last)
         if self.steps_per_epoch == 0:
@@ -197,13 +193,8 @@ HOST_BATCHES = ("encoded", "decoded")
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
                      image_size: int, tokenizer, drop_last: bool = True,
                      mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD) -> TrainData:
-    """The recipe's `data` section -> this rank's TrainData. Keys: source ("webdataset", "csv",
-    "synthetic"), train, csv_img_key, csv_caption_key, csv_separator, synthetic_size,
-    workers (default 2), augment (default True), worker_batch (samples per worker task,
-    default 256), host_batch ("encoded", the default, or "decoded"); encoded only:
-    decode_workers (decode processes per rank, default 2), decoder ("pil", open_clip's exact
-    pixels, the default, or "torchvision") and
-    keep_decoded_gib (GPU memory keeping decoded chunks from the first pass to the second). Configuration errors raise DataError here."""
+    """The recipe's `data` section (keys and defaults: config/recipe.py, DataSection) -> this
+    rank's TrainData. Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     host_batch = spec.get("host_batch", "encoded")

@@ -31,13 +31,6 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, np.uint64)[0])
 
 
-def apply_seeded(transform, image, seed: int) -> torch.Tensor:
-    """Run `transform` (whose randomness is torch's global CPU generator, as torchvision's)
-    under `seed`, restoring the caller's generator state afterwards."""
-    with seeded_cpu_generator(seed):
-        return transform(image)
-
-
 @contextmanager
 def seeded_cpu_generator(seed: int):
     """torch's global CPU generator seeded with `seed` inside the block, its state restored after.

@@ -19,6 +19,7 @@ every file is unpickled with ``weights_only=True`` (``training/safe_load.py``). 
 is named with the intact ones listed.
 """
 import hashlib
+import io
 import os
 import random
 import shutil
@@ -34,10 +35,6 @@ from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weigh
 
 LATEST = "latest"
 RECIPE = "recipe.yaml"
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def rng_state() -> Dict[str, Any]:
@@ -72,10 +69,6 @@ def read_latest(checkpoint_dir: Path) -> Optional[str]:
     return pointer.read_text(errors="replace").strip() if pointer.is_file() else None
 
 
-def recipe_digest(recipe_text: str) -> str:
-    return hashlib.sha256(recipe_text.encode()).hexdigest()
-
-
 # -- saving ---------------------------------------------------------------------------------
 
 def _is_write_failure(err: BaseException) -> bool:
@@ -99,7 +92,7 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     partial tag removed and ``latest`` unchanged."""
     import deepspeed.comm as dist
     checkpoint_dir = Path(checkpoint_dir)
-    tag = tag_for(step)
+    tag = f"step_{step:08d}"
     tag_dir = checkpoint_dir / tag
     device = next(engine.module.parameters()).device
     failure: Optional[BaseException] = None
@@ -114,8 +107,9 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
         dist.barrier()
     if failure is None:
         try:
-            buffer = _to_bytes({**client, "step": step, "rng": rng_state()})
-            atomic_write_bytes(tag_dir / f"client_rank{rank}.pt", buffer)
+            buffer = io.BytesIO()
+            torch.save({**client, "step": step, "rng": rng_state()}, buffer)
+            atomic_write_bytes(tag_dir / f"client_rank{rank}.pt", buffer.getvalue())
             if rank == 0:
                 atomic_write_bytes(tag_dir / RECIPE, recipe_text.encode())
         except OSError as err:
@@ -123,7 +117,7 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     failed = _failed_ranks(failure is not None, device)  # every rank's files are complete, or one failed
     if not failed and rank == 0:
         try:
-            write_manifest(tag_dir, recipe_digest(recipe_text))
+            write_manifest(tag_dir, hashlib.sha256(recipe_text.encode()).hexdigest())
             atomic_write_bytes(checkpoint_dir / LATEST, tag.encode())
         except OSError as err:
             failure = err
@@ -141,13 +135,6 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
         _prune(checkpoint_dir, keep, current=tag)
     dist.barrier()
     return tag
-
-
-def _to_bytes(obj) -> bytes:
-    import io
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
 
 
 def _prune(checkpoint_dir: Path, keep: int, current: str) -> None:

@@ -5,17 +5,14 @@ we read OpenMPI's and SLURM's own variables rather than DeepSpeed's mpi4py disco
 sets MASTER_ADDR from ``hostname -I`` (the machine's external address) and so overrides a
 MASTER_ADDR the user chose.
 
-The collective timeout (recipe key ``distributed.timeout`` or ``DEEPSPEED_TIMEOUT``, minutes,
-any positive number) bounds every wait on a peer, so that a stopped or wedged rank makes the
-others fail instead of holding the allocation: it is the default process group's timeout and,
-through torch's default, that of every group created later (DeepSpeed's ZeRO data-parallel
-groups would otherwise get torch's 30 minutes); NCCL's watchdog tears a timed-out process
-down (``TORCH_NCCL_ASYNC_ERROR_HANDLING``). ``infcl_ds.train`` turns the timeout error into one
-line naming the rank and what it was doing, exit status 3. Joining the job is the exception:
-ranks start with some skew (imports, DeepSpeed's JIT builds), so the rendezvous waits up to
-``max(timeout, JOIN_TIMEOUT_MIN)`` for every rank to arrive. On gloo the group is created here,
-on a store made with that longer wait, because gloo's point-to-point receives (the ring's)
-wait for the timeout the group was created with, whatever ``set_timeout`` says later.
+The collective timeout (recipe key ``distributed.timeout`` or ``DEEPSPEED_TIMEOUT``, minutes)
+bounds every wait on a peer, so that a stopped or wedged rank makes the others fail instead of
+holding the allocation: it is the default group's timeout and, through torch's default, every
+later group's (DeepSpeed's ZeRO groups would otherwise get torch's 30 minutes); NCCL's watchdog
+tears a timed-out process down. Joining waits up to ``max(timeout, JOIN_TIMEOUT_MIN)``: ranks
+start with some skew (imports, DeepSpeed's JIT builds). On gloo the group is created here, on a
+store with that longer wait, because gloo's point-to-point receives (the ring's) wait for the
+timeout the group was created with, whatever ``set_timeout`` says later.
 """
 import math
 import os
@@ -54,13 +51,13 @@ TIMEOUT_EXIT_CODE = 3  # a collective timed out: a peer is stopped, wedged or de
 _env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
 
 
-def parse_timeout_minutes(text: str, source: str = "DEEPSPEED_TIMEOUT") -> float:
+def parse_timeout_minutes(text: str) -> float:
     try:
         minutes = float(text)
     except ValueError:
         minutes = float("nan")
     if not (minutes > 0 and math.isfinite(minutes)):
-        raise ValueError(f"{source}={text!r}: the collective timeout must be a positive number of minutes")
+        raise ValueError(f"DEEPSPEED_TIMEOUT={text!r}: the collective timeout must be a positive number of minutes")
     return minutes
 
 

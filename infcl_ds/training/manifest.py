@@ -30,16 +30,12 @@ def _tag_files(tag_dir: Path) -> List[Path]:
     return sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
 
 
-def build_manifest(tag_dir: Path, recipe_sha256: str) -> Dict:
+def write_manifest(tag_dir: Path, recipe_sha256: str) -> None:
     tag_dir = Path(tag_dir)
     files = {p.relative_to(tag_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": file_digest(p)}
              for p in _tag_files(tag_dir)}
-    return {"format": 1, "tag": tag_dir.name, "recipe_sha256": recipe_sha256, "files": files}
-
-
-def write_manifest(tag_dir: Path, recipe_sha256: str) -> None:
-    manifest = build_manifest(tag_dir, recipe_sha256)
-    atomic_write_bytes(Path(tag_dir) / MANIFEST, json.dumps(manifest, indent=1).encode())
+    manifest = {"format": 1, "tag": tag_dir.name, "recipe_sha256": recipe_sha256, "files": files}
+    atomic_write_bytes(tag_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
 def read_manifest(tag_dir: Path) -> Dict:

@@ -4,7 +4,6 @@ Only rank 0 writes. On resume the CSV keeps the rows up to the checkpoint's step
 the ones a killed run logged after it, so the file reads as one uninterrupted run.
 """
 import csv
-import time
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -117,15 +116,3 @@ def plot_metrics(run_dir: Path) -> Optional[Path]:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
-
-
-class Throughput:
-    """Samples per second over the last step."""
-
-    def __init__(self):
-        self.start = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        elapsed, self.start = now - self.start, now
-        return elapsed

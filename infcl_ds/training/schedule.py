@@ -2,14 +2,10 @@
 ``cosine_lr``).
 
 Step s (1-based) uses ``lr * ratio(s)``: ``s / warmup`` during the ``warmup`` steps, then a
-cosine from 1 down to ``min_ratio`` over the remaining steps. Step 1 already has the first
-nonzero rate: ``lr / warmup``, or ``lr`` without warm-up. (DeepSpeed's ``WarmupCosineLR``
-returns 0 before its first ``step()`` and forces two warm-up steps, so a run's first step,
-and with ``warmup_steps=1`` its second, would not move the parameters.)
-
-A ``LambdaLR`` on the optimizer, handed to ``deepspeed.initialize`` as its ``lr_scheduler``:
-DeepSpeed steps it after each optimizer step and saves its state (counters only) in the
-checkpoint.
+cosine from 1 down to ``min_ratio`` over the remaining steps. So step 1 already moves the
+parameters (DeepSpeed's ``WarmupCosineLR`` gives it, and with one warm-up step also step 2, a
+rate of 0). A ``LambdaLR``, handed to DeepSpeed as its ``lr_scheduler``: stepped after each
+optimizer step, its counters saved in the checkpoint.
 """
 import math
 
