@@ -307,6 +307,19 @@ def test_close_ends_both_worker_pools(id_shards, tokenizer):
     assert len(workers) == 4 and all(w.is_alive() for w in workers)
     data.close()
     assert not any(w.is_alive() for w in workers)
+    with pytest.raises(DataError, match="closed"):
+        next(iter(data))
+
+
+def test_an_iterator_closed_under_its_consumer_yields_no_partial_batch(id_shards, tokenizer):
+    data = build(id_spec(id_shards, workers=2, worker_batch=2), tokenizer, local_batch=8)
+    stream = iter(data)
+    next(stream)
+    data.close()  # from outside the iteration: the batch being read ahead is cut short
+    assert data._ahead._results.qsize() == 1  # something waits for the consumer: no wait forever
+    with pytest.raises(DataError, match="closed"):
+        next(stream)
+    assert data.state_dict()["step"] == 1
 
 
 def test_state_checks(id_shards, tokenizer):

@@ -71,6 +71,8 @@ def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int,
         print(f"decode {decoder} workers={workers:3d}: {rows[-1]['samples_per_s']:8.0f} samples/s "
               f"({rows[-1]['per_worker']:.0f} per worker), {rows[-1]['bytes_per_sample']:,.0f} B/sample held",
               flush=True)
+        batches.close()
+        data.close()
         del batch, warm, batches, data
     return rows
 
@@ -107,6 +109,8 @@ def device_rows(shards, samples: int, image_size: int, chunk: int, command: str,
            "share_pixels_equal": (diff == 0).float().mean().item(), "command": command}
     print(f"decode nvjpeg: {row['samples_per_s']:8.0f} samples/s; pixels vs PIL: mean |diff| "
           f"{row['mean_abs_diff_vs_pil']:.2f} levels, max {row['max_abs_diff_vs_pil']:.0f}", flush=True)
+    batches.close()
+    data.close()
     return [row]
 
 

@@ -100,3 +100,6 @@ class DeviceDecoder:
 
     def decode_now(self, request):
         return self.pieces[request]
+
+    def close(self) -> None:
+        """No pool to end: it decodes in the calling process."""

@@ -113,7 +113,7 @@ class ChunkDecoder:
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
         self._sampler = SettableSampler()
-        self._loader = None
+        self._loader, self._closed = None, False
         if workers > 0:
             self._loader = DataLoader(self.pieces, batch_size=None, sampler=self._sampler, num_workers=workers,
                                       persistent_workers=True, prefetch_factor=DECODE_PREFETCH,
@@ -123,6 +123,8 @@ class ChunkDecoder:
     def stream(self, requests: Iterator) -> Iterator:
         """Decoded pieces for `requests`, in order, decoded ahead by the pool. Starting a new
         stream abandons the previous one."""
+        if self._closed:
+            raise DataError("the decode pool was closed (TrainData.close): its batches cannot be decoded")
         if self._loader is None:
             return (self.pieces[request] for request in requests)
         self._sampler.requests = requests
@@ -133,6 +135,7 @@ class ChunkDecoder:
 
     def close(self) -> None:
         """End the decode workers (sampler.stop_workers says why not at garbage collection)."""
+        self._closed = True
         if self._loader is not None:
             stop_workers(self._loader)
 

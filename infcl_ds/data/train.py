@@ -56,6 +56,7 @@ class TrainData:
                                   persistent_workers=workers > 0)
         start_workers(self._loader)
         self._ahead: Optional[_AssembledAhead] = None
+        self._closed = False
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` at step 0; the current epoch keeps its position, so that
@@ -64,6 +65,8 @@ class TrainData:
             self.epoch, self.step = epoch, 0
 
     def __iter__(self):
+        if self._closed:
+            raise DataError("this rank's batches were closed (TrainData.close): build the data again")
         if self._ahead is not None and self._ahead.running():
             # The workers are shared by every iteration: a thread still inside the loader (its
             # stop() gave up waiting) and a restarted loader would interleave their pieces.
@@ -113,6 +116,7 @@ class TrainData:
 
     def close(self) -> None:
         """End the batch-ahead thread and both worker pools (after the last batch is used)."""
+        self._closed = True
         if self._ahead is not None:
             self._ahead.stop()
         if self._ahead is None or not self._ahead.running():  # else the thread is still inside the loader
@@ -152,8 +156,7 @@ class _AssembledAhead:
             if device is not None:
                 torch.cuda.set_device(device)
             for _ in range(count):
-                result = make()
-                self._results.put(result)
+                self._results.put(make())
                 self._taken.acquire()  # the consumer has it: only now start the next
                 if self._stopping.is_set():
                     return
@@ -185,6 +188,14 @@ class _AssembledAhead:
         self._taken.release()
         if threading.current_thread() is not self._thread:
             self._thread.join(self.STOP_TIMEOUT_S)
+        if not self._thread.is_alive():
+            # A consumer still reading (stopped from outside, TrainData.close) gets an error:
+            # not the batch left in the queue, which may be cut short, nor a wait forever.
+            try:
+                self._results.get_nowait()
+            except queue.Empty:
+                pass
+            self._results.put_nowait(DataError("this rank's batches were closed while being read"))
 
 
 HOST_BATCHES = ("encoded", "decoded")
@@ -207,9 +218,15 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
     else:
         dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
-    return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
-                     drop_last=drop_last, workers=spec.get("workers", 2), worker_batch=spec.get("worker_batch", 256),
-                     mean=mean, std=std, decoder=decoder, keep_rows=keep_rows)
+    try:
+        return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                         drop_last=drop_last, workers=spec.get("workers", 2),
+                         worker_batch=spec.get("worker_batch", 256), mean=mean, std=std, decoder=decoder,
+                         keep_rows=keep_rows)
+    except BaseException:
+        if decoder is not None:  # its pool is already running
+            decoder.close()
+        raise
 
 
 def kept_rows(gib: float, image_size: int) -> int:
