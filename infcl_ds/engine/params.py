@@ -14,6 +14,15 @@ forward that reads the shard ("mat2 must be a matrix, got 1-D tensor"); inside i
 gathers the parameter on access, one blocking all-gather per parameter. Marked a ZeRO-3
 leaf, the attention module gathers all its parameters, out_proj's included, together in
 its own hook.
+
+cuBLAS runs Hopper's GEMMs only on 16-byte aligned operands; a weight 2 bytes off falls back to
+sm75 kernels, 7.6x slower (one H200, 50,432 x 768 x 3,072 bf16). DeepSpeed packs bf16
+parameters back to back: ZeRO-1/2 one flat buffer per optimizer group (engine/optim.py puts each
+group's odd-sized tensors last), ZeRO-3 one buffer for all groups, which on one rank are also the
+gathered parameters. There open_clip's no-decay group, which ends with the 1-element logit scale,
+came before the weights and shifted every one of them 2 bytes: ViT-B-16's GEMMs took 40 of a
+52.5 s step at 32k. ``align_zero3_groups`` orders groups and parameters so that each tensor
+starts on a 16-byte boundary.
 """
 from typing import List
 
@@ -28,6 +37,20 @@ def promote_scalar_parameters(model: torch.nn.Module) -> List[str]:
             param.data = param.data.reshape(1)
             names.append(name)
     return names
+
+
+def off_16_bytes(param: torch.Tensor) -> bool:
+    """True when the tensor's size is not a multiple of 16 bytes (it would misalign the next)."""
+    return (param.numel() * param.element_size()) % 16 != 0
+
+
+def align_zero3_groups(optimizer) -> None:
+    """In place, before ``deepspeed.initialize``: in each group the parameters of a 16-byte
+    multiple first, and the groups holding none of another size before those that do, so that
+    ZeRO-3's single flat buffer has odd-sized tensors only at its end (a [1] logit scale)."""
+    for group in optimizer.param_groups:
+        group["params"] = sorted(group["params"], key=off_16_bytes)
+    optimizer.param_groups.sort(key=lambda group: any(off_16_bytes(p) for p in group["params"]))
 
 
 def mark_zero3_leaf_modules(model: torch.nn.Module) -> None:
