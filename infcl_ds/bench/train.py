@@ -255,7 +255,7 @@ def _worker(rank, world, args, port, ident):
             rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
             if rank == 0:
                 print(_fmt(row), flush=True)
-                meta["memory_slope"] = _memory_slope(rows, args.zero)
+                meta["memory_slope"] = _memory_slope(rows, args.model, args.zero)
                 write_rows(out, rows, meta)
         del step_engine
         if cuda:
@@ -282,7 +282,7 @@ def plot_train_rows(out: Path) -> None:
         plot_train(out, out.with_suffix(".png"))
 
 
-def _memory_slope(rows, zero):
+def _memory_slope(rows, model, zero):
     """Least-squares slopes against the local batch (bytes per sample), per impl, of the
     step's peak and of each phase's peak, beside the bound 24 D bytes per sample (bf16
     features and their gradients, ring blocks and partial gradients). The step's peak is the
@@ -290,8 +290,9 @@ def _memory_slope(rows, zero):
     phase's own slope is the one that decides at the largest batches."""
     out = {}
     for impl in {r["impl"] for r in rows}:
+        # One model, eager, one ZeRO stage: other rows of an --append file are other curves.
         mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"
-                and not r.get("compile") and r.get("zero") == zero]
+                and r.get("model") == model and not r.get("compile") and r.get("zero") == zero]
         if len({r["local"] for r in mine}) < 2:  # a slope needs two local batches
             continue
         D = mine[0]["D"]
