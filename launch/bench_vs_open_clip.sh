@@ -2,7 +2,7 @@
 # docs/benchmarks/vs_open_clip.json + .png: this engine against OpenCLIP's own trainer
 # (open_clip_train, eager and --torchcompile) on one GPU, same model, batch and precision, in
 # parts that each fit a 10-minute command; rows accumulate in ${OUT:-docs/benchmarks}:
-#   bash launch/bench_vs_open_clip.sh b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-persistent   # ViT-B-16, 32k
+#   bash launch/bench_vs_open_clip.sh b16 b16-compiled b16-open-clip-train b16-zero3-profile   # ViT-B-16, 32k
 #   bash launch/bench_vs_open_clip.sh l14 l14-compiled l14-open-clip-train              # ViT-L-14, 16k
 #   bash launch/bench_vs_open_clip.sh b16-256k b16-256k-open-clip-train   # ViT-B-16, 256k: open_clip_train's logits do not fit
 # Every row: the mean of 2 steps (256k: 1) after an untimed one of the same shapes; chunks chosen by the
@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/vs_open_clip.json
 bench() { python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" "$@"; }
-[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-persistent b16-zero3-profile b16-zero3-linear l14 l14-compiled l14-open-clip-train b16-256k b16-256k-open-clip-train)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-profile l14 l14-compiled l14-open-clip-train b16-256k b16-256k-open-clip-train)" >&2; exit 2; }
 for part in "$@"; do
   case "$part" in
     # both with a profiled step after the timed ones (--profile: GPU time per kernel kind)
@@ -20,14 +20,8 @@ for part in "$@"; do
     b16-compiled) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --profile ;;
     b16-open-clip-train) bench --model ViT-B-16 --batch 32k --impl open_clip_train --open-clip-train-batch-size 1024 ;;
     b16-zero3) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 ;;
-    # ZeRO-3 with every parameter persistent (gathered once, kept across chunks): a model that fits
-    b16-zero3-persistent) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 \
-      --set 'zero.overrides={"zero_optimization": {"stage3_param_persistence_threshold": 1000000000000}}' ;;
-    # ZeRO-3's step profiled (GPU idle share: its per-module hooks), and without DeepSpeed's
-    # replacement of F.linear (memory_efficient_linear: matmul and bias apart, in a Python Function)
+    # ZeRO-3's step profiled (GPU time per kernel kind: how its GEMMs compare with ZeRO-2's)
     b16-zero3-profile) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 --profile ;;
-    b16-zero3-linear) bench --model ViT-B-16 --batch 32k --impl infcl_ds --zero 3 \
-      --set 'zero.overrides={"zero_optimization": {"memory_efficient_linear": false}}' ;;
     l14) bench --model ViT-L-14 --batch 16k --impl infcl_ds ;;
     l14-compiled) bench --model ViT-L-14 --batch 16k --impl infcl_ds --compile ;;
     l14-open-clip-train) bench --model ViT-L-14 --batch 16k --impl open_clip_train --open-clip-train-batch-size 256 ;;

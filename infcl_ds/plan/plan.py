@@ -140,7 +140,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
     time = step_time(model, local, gpus, recipe.precision.dtype, recipe.model.grad_checkpointing, rates,
                      gpus_per_node, network, encoder_tflops, zero_stage=recipe.zero.stage,
-                     compiled=recipe.compiles("cuda"))
+                     compiled=recipe.compiles("cuda"),
+                     chunk=recipe.batch.chunk if isinstance(recipe.batch.chunk, int) else None)
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
     limits = [_gpu_limit(gpu, gpu_memory_bytes),
               Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,

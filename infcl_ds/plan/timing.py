@@ -66,6 +66,11 @@ COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
 # ViT-B-16 at 32k, 20.20 s against 19.17 s (docs/benchmarks/vs_open_clip.json, 348ab6c). Across
 # GPUs its parameter gathers are communication as well: a floor. ZeRO-3 does not compile the towers.
 ZERO3_ENCODER_SLOWDOWN = 1.05
+# ZeRO-3's hooks run on the host around every module of every chunk pass. Chunks of 1,024 give the
+# GPU enough work to hide them (above); chunks of 256 do not: at 8k and 16k ViT-B-16 took
+# 0.106 s per no-grad chunk pass and 0.258 s per grad pass (the two rows' means, one H200,
+# docs/benchmarks/planner_check.json at d4650dd), whatever the GPU's share: a floor per chunk pass.
+ZERO3_CHUNK_FLOOR_S = (0.106, 0.258)
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
 DEFAULT_ENCODER_TFLOPS = 254.0
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
@@ -242,18 +247,24 @@ def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: b
 
 def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpointing: bool, rates: KernelRates,
               gpus_per_node: int, network: str = DEFAULT_NETWORK,
-              encoder_tflops: Optional[float] = None, zero_stage: int = 2, compiled: bool = False) -> StepTime:
+              encoder_tflops: Optional[float] = None, zero_stage: int = 2, compiled: bool = False,
+              chunk: Optional[int] = None) -> StepTime:
     """The step's phases on each GPU; ``encoder_tflops`` None: measured encoder rates where
     there are some (MEASURED_ENCODER_RATES, COMPILED_ENCODER_RATES with `compiled`), else
-    DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies the encoder phases by ZERO3_ENCODER_SLOWDOWN."""
+    DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies the encoder phases by ZERO3_ENCODER_SLOWDOWN,
+    and with `chunk` takes at least ZERO3_CHUNK_FLOOR_S per chunk pass."""
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
                                                                      encoder_tflops, compiled)
     if zero_stage >= 3:
-        encode, reencode, encoder_rate = (encode * ZERO3_ENCODER_SLOWDOWN, reencode * ZERO3_ENCODER_SLOWDOWN,
-                                          encoder_rate / ZERO3_ENCODER_SLOWDOWN)
-        source += f"; x{ZERO3_ENCODER_SLOWDOWN} for ZeRO-3's per-module hooks (measured on one GPU)"
+        passes = math.ceil(local / chunk) if chunk else 0
+        zero2 = encode + reencode
+        encode = max(encode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[0])
+        reencode = max(reencode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[1])
+        encoder_rate *= zero2 / (encode + reencode)
+        source += (f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}, at least "
+                   f"{ZERO3_CHUNK_FLOOR_S[0]} + {ZERO3_CHUNK_FLOOR_S[1]} s per chunk (measured on one GPU)")
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
