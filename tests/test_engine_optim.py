@@ -72,3 +72,38 @@ def test_every_weight_reaches_the_forward_16_byte_aligned():
             assert offsets and len(offsets) > 10, offsets
             misaligned = {k: v for k, v in offsets.items() if v and "logit_scale" not in k}
             assert not misaligned, (stage, world, rank, misaligned)
+
+
+def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
+    import infcl_ds.engine.params as params
+    from devices import exact_loss
+
+    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.models import create_model
+    from infcl_ds.training import checkpoint
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+
+    def engine():
+        model = create_model("infcl-tiny", seed=0)
+        return ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(), optimizer=clip_adamw(model, 1e-3))
+    aligned = params.align_zero3_groups
+    if save_in_old_order:  # the optimizer groups as they were packed before the alignment order
+        params.align_zero3_groups = lambda optimizer: None
+    writer = engine()
+    params.align_zero3_groups = aligned
+    writer.forward_backward(torch.randn(4, 3, 16, 16), torch.randint(0, 1000, (4, 16)))
+    writer.engine.step()
+    checkpoint.save(writer.engine, tmp, 1, {"rng": checkpoint.rng_state()}, rank)
+    try:
+        checkpoint.load(engine().engine, checkpoint.resolve_tag(tmp), rank)
+    except checkpoint.CheckpointError as err:
+        return str(err)
+    return "loaded"
+
+
+def test_a_zero3_checkpoint_packed_in_another_order_is_a_checkpoint_error(tmp_path):
+    from dist_utils import run_ranks
+    assert run_ranks(_zero3_checkpoint_round_trip, 1, str(tmp_path / "same"), False)[0] == "loaded"
+    message = run_ranks(_zero3_checkpoint_round_trip, 1, str(tmp_path / "old"), True)[0]
+    assert "does not match this engine's parameters" in message and "ZeRO-3" in message, message

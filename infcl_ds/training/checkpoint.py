@@ -211,7 +211,16 @@ def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any
     tag_dir = Path(tag_dir)
     client = read_client(tag_dir, rank, trust)
     with deepspeed_reads_weights_only(trust):
-        path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        try:
+            path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        except RuntimeError as err:
+            if "size" not in str(err):
+                raise
+            # DeepSpeed copies flat buffers back without checking their layout first.
+            raise CheckpointError(
+                f"checkpoint {tag_dir} does not match this engine's parameters ({err}): written for another "
+                "model, optimizer grouping or ZeRO stage, or under ZeRO-3 before the optimizer groups were "
+                "ordered for alignment (docs/training.md)") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
     set_rng_state(client["rng"])
