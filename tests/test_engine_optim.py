@@ -31,14 +31,25 @@ def test_clip_adamw_defaults():
 
 def test_align_zero3_groups_puts_odd_sized_tensors_last():
     from infcl_ds.engine.params import align_zero3_groups
-    m = M()
-    m.logit_scale.data = m.logit_scale.data.reshape(1)
+
+    class Wide(torch.nn.Module):  # widths of 8: every tensor but the logit scale 16 bytes in bf16
+        def __init__(self):
+            super().__init__()
+            self.proj, self.ln_final = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+            self.logit_scale = torch.nn.Parameter(torch.zeros(1))
+    m = Wide()
     opt = clip_adamw(m, lr=1e-3)
     align_zero3_groups(opt)
     flat = [p for group in opt.param_groups for p in group["params"]]
     # ZeRO-3 packs the groups back to back: the one 2-byte tensor must come last of all.
-    assert flat[-1] is m.logit_scale and all(p.numel() % 4 == 0 for p in flat[:-1])
+    assert flat[-1] is m.logit_scale and all(p.numel() % 8 == 0 for p in flat[:-1])
     assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
+    # Groups with their own learning rates keep their order (a scheduler lists base rates by position).
+    opt = clip_adamw(m, lr=1e-3)
+    opt.param_groups[1]["lr"] = 2e-3
+    align_zero3_groups(opt)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.2]
+    assert opt.param_groups[0]["params"][-1] is m.logit_scale
 
 
 def _weight_offsets(rank, world, stage):
@@ -53,11 +64,13 @@ def _weight_offsets(rank, world, stage):
     step = ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(), optimizer=clip_adamw(model, 1e-3))
     offsets = {}
 
-    def record(module, args):
-        for name, p in module.named_parameters(recurse=False):
-            offsets[f"{type(module).__name__}.{name}{tuple(p.shape)}"] = p.data_ptr() % 16
-    for module in step.model.modules():
-        module.register_forward_pre_hook(record)
+    def recorder(prefix):
+        def record(module, args):
+            for name, p in module.named_parameters(recurse=False):
+                offsets[f"{prefix}.{name}"] = p.data_ptr() % 16
+        return record
+    for prefix, module in step.model.named_modules():
+        module.register_forward_pre_hook(recorder(prefix))
     images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(rank))
     step.forward_backward(images, torch.randint(0, 1000, (4, 16), generator=torch.Generator().manual_seed(rank)))
     return offsets
@@ -106,4 +119,4 @@ def test_a_zero3_checkpoint_packed_in_another_order_is_a_checkpoint_error(tmp_pa
     from dist_utils import run_ranks
     assert run_ranks(_zero3_checkpoint_round_trip, 1, str(tmp_path / "same"), False)[0] == "loaded"
     message = run_ranks(_zero3_checkpoint_round_trip, 1, str(tmp_path / "old"), True)[0]
-    assert "does not match this engine's parameters" in message and "ZeRO-3" in message, message
+    assert "does not match this engine's parameters" in message and "size of tensor" in message, message

@@ -290,9 +290,10 @@ def _memory_slope(rows, model, zero):
     phase's own slope is the one that decides at the largest batches."""
     out = {}
     for impl in {r["impl"] for r in rows}:
-        # One model, eager, one ZeRO stage: other rows of an --append file are other curves.
+        # One curve: an --append file also holds rows of other models, worlds, chunks and settings.
         mine = [r for r in rows if r["impl"] == impl and r.get("peak_mib_max") and r["status"] == "measured"
                 and r.get("model") == model and not r.get("compile") and r.get("zero") == zero]
+        mine = [r for r in mine if _curve(r) == _curve(mine[-1])] if mine else mine
         if len({r["local"] for r in mine}) < 2:  # a slope needs two local batches
             continue
         D = mine[0]["D"]
@@ -301,6 +302,11 @@ def _memory_slope(rows, model, zero):
                                 for k in mine[0]["peak_mib"]},
                      "bound_24D": 24 * D, "points": len(mine)}
     return out
+
+
+def _curve(row):
+    """What a row shares with the other points of its memory curve: all but the batch."""
+    return row.get("world"), row.get("chunk"), tuple(row.get("set", ())), bool(row.get("grad_checkpointing"))
 
 
 def _slope(points):

@@ -19,10 +19,9 @@ cuBLAS runs Hopper's GEMMs only on 16-byte aligned operands; a weight 2 bytes of
 sm75 kernels, 7.6x slower (one H200, 50,432 x 768 x 3,072 bf16). DeepSpeed packs bf16
 parameters back to back: ZeRO-1/2 one flat buffer per optimizer group (engine/optim.py puts each
 group's odd-sized tensors last), ZeRO-3 one buffer for all groups, which on one rank are also the
-gathered parameters. There open_clip's no-decay group, which ends with the 1-element logit scale,
-came before the weights and shifted every one of them 2 bytes: ViT-B-16's GEMMs took 40 of a
-52.5 s step at 32k. ``align_zero3_groups`` orders groups and parameters so that each tensor
-starts on a 16-byte boundary.
+gathered parameters. ``clip_param_groups`` lists the no-decay group, which ends with the [1]
+logit scale, first: packed in that order every weight after it would start 2 bytes off.
+``align_zero3_groups`` orders the groups too, so that each tensor starts on a 16-byte boundary.
 """
 from typing import List
 
@@ -40,17 +39,22 @@ def promote_scalar_parameters(model: torch.nn.Module) -> List[str]:
 
 
 def off_16_bytes(param: torch.Tensor) -> bool:
-    """True when the tensor's size is not a multiple of 16 bytes (it would misalign the next)."""
-    return (param.numel() * param.element_size()) % 16 != 0
+    """True when the tensor, packed in bf16, is not a multiple of 16 bytes (it would misalign the
+    next one). Counted in bf16 whatever its dtype now: DeepSpeed casts the model in ``initialize``."""
+    return param.numel() % 8 != 0
 
 
 def align_zero3_groups(optimizer) -> None:
     """In place, before ``deepspeed.initialize``: in each group the parameters of a 16-byte
-    multiple first, and the groups holding none of another size before those that do, so that
-    ZeRO-3's single flat buffer has odd-sized tensors only at its end (a [1] logit scale)."""
+    multiple first, then the groups holding none of another size before those that do, so that
+    ZeRO-3's single flat buffer has odd-sized tensors only at its end (the [1] logit scale and
+    bias of open_clip's no-decay group). With two groups holding odd-sized tensors, the weights
+    of the later one stay misaligned. Groups are reordered only when they share one learning
+    rate: an LR scheduler built before this call lists its base rates by group position."""
     for group in optimizer.param_groups:
         group["params"] = sorted(group["params"], key=off_16_bytes)
-    optimizer.param_groups.sort(key=lambda group: any(off_16_bytes(p) for p in group["params"]))
+    if len({group.get("lr") for group in optimizer.param_groups}) == 1:
+        optimizer.param_groups.sort(key=lambda group: any(off_16_bytes(p) for p in group["params"]))
 
 
 def mark_zero3_leaf_modules(model: torch.nn.Module) -> None:

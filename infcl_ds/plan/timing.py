@@ -68,9 +68,11 @@ COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
 ZERO3_ENCODER_SLOWDOWN = 1.05
 # ZeRO-3's hooks run on the host around every module of every chunk pass. Chunks of 1,024 give the
 # GPU enough work to hide them (above); chunks of 256 do not: at 8k and 16k ViT-B-16 took
-# 0.106 s per no-grad chunk pass and 0.258 s per grad pass (the two rows' means, one H200,
-# docs/benchmarks/planner_check.json at d4650dd), whatever the GPU's share: a floor per chunk pass.
-ZERO3_CHUNK_FLOOR_S = (0.106, 0.258)
+# 0.096-0.117 s per no-grad chunk pass and 0.232-0.285 s per grad pass (one H200,
+# docs/benchmarks/planner_check.json at d4650dd). Their means are a floor per chunk pass that
+# does not depend on the model's FLOPs; ViT-B-16's, transferred to other models (the hooks' cost
+# grows with the module count: not measured for others).
+ZERO3_CHUNK_FLOOR_S = (0.106, 0.259)
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
 DEFAULT_ENCODER_TFLOPS = 254.0
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
@@ -263,8 +265,10 @@ def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpoi
         encode = max(encode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[0])
         reencode = max(reencode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[1])
         encoder_rate *= zero2 / (encode + reencode)
-        source += (f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}, at least "
-                   f"{ZERO3_CHUNK_FLOOR_S[0]} + {ZERO3_CHUNK_FLOOR_S[1]} s per chunk (measured on one GPU)")
+        source += f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}"
+        if passes:
+            source += f", at least {ZERO3_CHUNK_FLOOR_S[0]} + {ZERO3_CHUNK_FLOOR_S[1]} s per chunk"
+        source += " (measured on one GPU)"
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:

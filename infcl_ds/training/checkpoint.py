@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -213,14 +214,16 @@ def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any
     with deepspeed_reads_weights_only(trust):
         try:
             path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        except CheckpointError:
+            raise
         except RuntimeError as err:
-            if "size" not in str(err):
+            if not re.search(r"size of tensor|size mismatch|must match the size", str(err)):
                 raise
             # DeepSpeed copies flat buffers back without checking their layout first.
             raise CheckpointError(
                 f"checkpoint {tag_dir} does not match this engine's parameters ({err}): written for another "
-                "model, optimizer grouping or ZeRO stage, or under ZeRO-3 before the optimizer groups were "
-                "ordered for alignment (docs/training.md)") from None
+                "model, optimizer grouping or ZeRO stage, or a ZeRO-3 checkpoint written before 348ab6c "
+                "(another order of the optimizer groups; docs/training.md)") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
     set_rng_state(client["rng"])
