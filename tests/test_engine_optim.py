@@ -29,8 +29,8 @@ def test_clip_adamw_defaults():
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-6
 
 
-def test_align_zero3_groups_puts_odd_sized_tensors_last():
-    from infcl_ds.engine.params import align_zero3_groups
+def test_alignment_puts_odd_sized_tensors_last():
+    from infcl_ds.engine.params import align_for_flat_buffers
 
     class Wide(torch.nn.Module):  # widths of 8: every tensor but the logit scale 16 bytes in bf16
         def __init__(self):
@@ -39,7 +39,10 @@ def test_align_zero3_groups_puts_odd_sized_tensors_last():
             self.logit_scale = torch.nn.Parameter(torch.zeros(1))
     m = Wide()
     opt = clip_adamw(m, lr=1e-3)
-    align_zero3_groups(opt)
+    align_for_flat_buffers(opt, zero3=False)  # ZeRO-1/2: within each group, groups kept
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.2]
+    assert opt.param_groups[0]["params"][-1] is m.logit_scale
+    align_for_flat_buffers(opt, zero3=True)
     flat = [p for group in opt.param_groups for p in group["params"]]
     # ZeRO-3 packs the groups back to back: the one 2-byte tensor must come last of all.
     assert flat[-1] is m.logit_scale and all(p.numel() % 8 == 0 for p in flat[:-1])
@@ -47,7 +50,7 @@ def test_align_zero3_groups_puts_odd_sized_tensors_last():
     # Groups with their own learning rates keep their order (a scheduler lists base rates by position).
     opt = clip_adamw(m, lr=1e-3)
     opt.param_groups[1]["lr"] = 2e-3
-    align_zero3_groups(opt)
+    align_for_flat_buffers(opt, zero3=True)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.2]
     assert opt.param_groups[0]["params"][-1] is m.logit_scale
 
@@ -100,11 +103,11 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
     def engine():
         model = create_model("infcl-tiny", seed=0)
         return ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(), optimizer=clip_adamw(model, 1e-3))
-    aligned = params.align_zero3_groups
+    aligned = params.align_for_flat_buffers
     if save_in_old_order:  # the optimizer groups as they were packed before the alignment order
-        params.align_zero3_groups = lambda optimizer: None
+        params.align_for_flat_buffers = lambda optimizer, zero3: None
     writer = engine()
-    params.align_zero3_groups = aligned
+    params.align_for_flat_buffers = aligned
     writer.forward_backward(torch.randn(4, 3, 16, 16), torch.randint(0, 1000, (4, 16)))
     writer.engine.step()
     checkpoint.save(writer.engine, tmp, 1, {"rng": checkpoint.rng_state()}, rank)

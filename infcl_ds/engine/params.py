@@ -17,11 +17,11 @@ its own hook.
 
 cuBLAS runs Hopper's GEMMs only on 16-byte aligned operands; a weight 2 bytes off falls back to
 sm75 kernels, 7.6x slower (one H200, 50,432 x 768 x 3,072 bf16). DeepSpeed packs bf16
-parameters back to back: ZeRO-1/2 one flat buffer per optimizer group (engine/optim.py puts each
-group's odd-sized tensors last), ZeRO-3 one buffer for all groups, which on one rank are also the
-gathered parameters. ``clip_param_groups`` lists the no-decay group, which ends with the [1]
-logit scale, first: packed in that order every weight after it would start 2 bytes off.
-``align_zero3_groups`` orders the groups too, so that each tensor starts on a 16-byte boundary.
+parameters back to back: ZeRO-1/2 one flat buffer per optimizer group, ZeRO-3 one buffer for all
+groups, which on one rank are also the gathered parameters. One odd-sized tensor early (open_clip's
+[1] logit scale, in the no-decay group that ``clip_param_groups`` lists first) would put every
+later one 2 bytes off. ``align_for_flat_buffers`` orders the parameters, and under ZeRO-3 the
+groups, so that each tensor starts on a 16-byte boundary.
 """
 from typing import List
 
@@ -44,16 +44,16 @@ def off_16_bytes(param: torch.Tensor) -> bool:
     return param.numel() % 8 != 0
 
 
-def align_zero3_groups(optimizer) -> None:
+def align_for_flat_buffers(optimizer, zero3: bool) -> None:
     """In place, before ``deepspeed.initialize``: in each group the parameters of a 16-byte
-    multiple first, then the groups holding none of another size before those that do, so that
-    ZeRO-3's single flat buffer has odd-sized tensors only at its end (the [1] logit scale and
-    bias of open_clip's no-decay group). With two groups holding odd-sized tensors, the weights
-    of the later one stay misaligned. Groups are reordered only when they share one learning
-    rate: an LR scheduler built before this call lists its base rates by group position."""
+    multiple first; under ZeRO-3 also the groups holding none of another size before those that
+    do, so that its single flat buffer has odd-sized tensors only at its end (the [1] logit scale
+    and bias of open_clip's no-decay group). With two groups holding odd-sized tensors, the
+    weights of the later one stay misaligned. Groups are reordered only when they share one
+    learning rate: an LR scheduler built before this call lists its base rates by position."""
     for group in optimizer.param_groups:
         group["params"] = sorted(group["params"], key=off_16_bytes)
-    if len({group.get("lr") for group in optimizer.param_groups}) == 1:
+    if zero3 and len({group.get("lr") for group in optimizer.param_groups}) == 1:
         optimizer.param_groups.sort(key=lambda group: any(off_16_bytes(p) for p in group["params"]))
 
 

@@ -81,7 +81,7 @@ class ContrastiveEngine:
         `compile_backend` (e.g. "inductor"), the encoders are compiled first (engine/compile.py)."""
         import deepspeed
 
-        from .params import align_zero3_groups, mark_zero3_leaf_modules, promote_scalar_parameters
+        from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
         has_bias = getattr(model, "logit_bias", None) is not None
         if has_bias != (loss == "siglip"):
             raise ValueError("the sigmoid loss needs a model with a logit_bias (create_model(name, loss='siglip'))"
@@ -98,8 +98,8 @@ class ContrastiveEngine:
             compile_encoders(model, compile_backend)
         if zero3:
             mark_zero3_leaf_modules(model)
-            if optimizer is not None:
-                align_zero3_groups(optimizer)
+        if optimizer is not None:
+            align_for_flat_buffers(optimizer, zero3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
                       grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile, loss=loss)
