@@ -15,15 +15,24 @@ if [ "${1:-}" = "--gpu" ]; then
   gpu=1
   shift
 fi
-bash "$root/launch/setup.sh"
 cd "$root"
 export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "$gpu" = 1 ]; then
+  # A GPU machine's own Python when it already has CUDA torch and the packages (lent GPU machines
+  # cannot reach a package index, and a venv would fetch a CPU torch); else the project's venv.
+  python=${PYTHON:-python3}
+  if "$python" -c 'import torch, triton, deepspeed, open_clip, pytest; assert torch.cuda.is_available()' 2>/dev/null; then
+    export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+  else
+    bash "$root/launch/setup.sh"
+    python=$root/.venv/bin/python
+  fi
   unset TRITON_INTERPRET DS_ACCELERATOR
   export INFCL_DS_TEST_DEVICE=cuda
-  exec "$root/.venv/bin/python" -m pytest -q tests/test_ops.py tests/test_loss.py tests/test_ring.py \
-    tests/test_engine.py tests/test_engine_openclip.py tests/test_engine_precision.py "$@"
+  exec "$python" -m pytest -q tests/test_ops.py tests/test_loss.py tests/test_ring.py tests/test_engine.py \
+    tests/test_engine_optim.py tests/test_engine_openclip.py tests/test_engine_precision.py "$@"
 fi
+bash "$root/launch/setup.sh"
 # OpenMPI (Debian's packages) for the mpirun launch test; a no-op when mpirun exists.
 bash "$root/launch/install_openmpi.sh"
 export TRITON_INTERPRET=1 DS_ACCELERATOR=cpu
