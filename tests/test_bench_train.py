@@ -78,6 +78,10 @@ def test_profile_sorts_kernels_by_kind_and_counts_idle_time():
     assert kinds["input transfer"]["share"] == 0.05 and kinds["communication"]["s"] == 0.0
     assert abs(kinds["GPU idle"]["s"] - 0.5) < 1e-12 and table["attention_kernels"] == ["flash_fwd_kernel"]
     assert abs(sum(k["share"] for k in kinds.values()) - 1.0) < 1e-12
+    # the kernels that took the most time, summed over their calls, largest first
+    table = kernel_table([("b", 1.0), ("nvjet_x", 2.0), ("b", 1.5), ("c", 0.1)], wall_s=5.0)
+    assert [(k["name"], k["kind"], k["s"], k["calls"]) for k in table["top_kernels"]] == [
+        ("b", "norms and elementwise", 2.5, 2), ("nvjet_x", "GEMMs", 2.0, 1), ("c", "norms and elementwise", 0.1, 1)]
 
 
 def test_open_clip_train_logits_size_decides_rows_it_cannot_run():

@@ -34,22 +34,32 @@ def kind_of(kernel_name: str) -> str:
     return next(kind for kind, pattern in _PATTERNS if pattern.search(name))
 
 
+TOP_KERNELS = 25
+
+
 def kernel_table(kernels: List[Tuple[str, float]], wall_s: float) -> Dict:
     """(name, seconds) of every kernel of one step -> seconds and share of the step per kind,
     the GPU's idle time (the step's wall time less its busy time, kernels summed: a
-    transfer on a side stream that overlaps compute makes this an underestimate), and the
-    attention kernels that ran (the backend)."""
+    transfer on a side stream that overlaps compute makes this an underestimate), the
+    attention kernels that ran (the backend), and the TOP_KERNELS names that took the most
+    time (where a kind's seconds go: which norm or fused kernel to work on next)."""
     seconds: Dict[str, float] = defaultdict(float)
+    by_name: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
     attention = set()
     for name, s in kernels:
         kind = kind_of(name)
         seconds[kind] += s
+        by_name[name][0] += s
+        by_name[name][1] += 1
         if kind == "attention":
             attention.add(name[:80])
     busy = sum(seconds.values())
     rows = {kind: {"s": seconds.get(kind, 0.0), "share": seconds.get(kind, 0.0) / wall_s} for kind, _ in KINDS}
     rows["GPU idle"] = {"s": max(wall_s - busy, 0.0), "share": max(wall_s - busy, 0.0) / wall_s}
-    return {"wall_s": wall_s, "kernels": len(kernels), "kinds": rows, "attention_kernels": sorted(attention)}
+    top = sorted(by_name.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
+    return {"wall_s": wall_s, "kernels": len(kernels), "kinds": rows, "attention_kernels": sorted(attention),
+            "top_kernels": [{"name": name[:120], "kind": kind_of(name), "s": s, "calls": calls}
+                            for name, (s, calls) in top]}
 
 
 def profile_step(step: Callable[[], object]) -> Dict:
