@@ -50,11 +50,8 @@ class HostBatch:
         return self.images[lo:hi], self.texts[lo:hi]
 
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
-        """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts).
-
-        The uint8 slice is copied first (non_blocking: it overlaps compute when pinned), and
-        normalised on the device.
-        """
+        """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts). The uint8
+        slice is copied (overlapping compute when pinned), then normalised on the device."""
         images = self.images[lo:hi].to(device, non_blocking=True)
         texts = self.texts[lo:hi].to(device, non_blocking=True)
         return normalize(images, self.mean, self.std, dtype), texts

@@ -17,6 +17,7 @@ from typing import List, Optional
 
 from .errors import DataError
 from .eval import find_zeroshot
+from .sources import csv_separator, require_columns
 from .webdataset_source import expand_shards
 
 
@@ -40,11 +41,8 @@ def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = N
     """The CSV exists, decodes as UTF-8 (the first bad byte's line named) and its header has
     both columns; returns its number of lines after the header. One pass over the file's bytes."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"CSV file {path} does not exist")
-    if separator is None:
-        separator = "\t" if path.suffix.lower() == ".tsv" else ","
-    decoder, line, header, lines = codecs.getincrementaldecoder("utf-8")(), 1, None, 0
+    separator = csv_separator(path, separator)
+    decoder, line, header = codecs.getincrementaldecoder("utf-8")(), 1, None  # line: 1 + newlines read
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             try:
@@ -57,17 +55,14 @@ def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = N
             elif "\n" not in header:
                 header += text
             line += block.count(b"\n")
-            lines += text.count("\n")
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
         raise DataError(f"CSV {path} is not UTF-8: it ends inside a multi-byte character") from None
     fields = next(csv.reader(io.StringIO(header or ""), delimiter=separator), [])
-    missing = [key for key in (img_key, caption_key) if key not in fields]
-    if missing:
-        raise DataError(f"CSV {path} lacks column(s) {missing} (has {fields}, separator {separator!r}); "
-                        "set data.csv_img_key / data.csv_caption_key / data.csv_separator")
-    return max(0, lines - 1)
+    require_columns(path, fields, (img_key, caption_key), separator,
+                    "; set data.csv_img_key / data.csv_caption_key / data.csv_separator")
+    return max(0, line - 2)  # the newlines after the header's
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -14,7 +14,7 @@ import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
-from .encoded import replace_undecodable
+from .encoded import ChunkDecoder, DecodePieces
 from .samples import SkipSample, decode_image
 from .transforms import sample_seed, seeded_cpu_generator
 
@@ -75,31 +75,20 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
     return out
 
 
-class DevicePieces:
-    """DecodePieces' contract (data/encoded.py), decoded on `device`."""
+class DevicePieces(DecodePieces):
+    """DecodePieces decoding with torchvision on `device`."""
 
     def __init__(self, transform, seed: int, device):
-        self.crops, self.seed, self.device = DeviceCrops(transform), seed, torch.device(device)
+        super().__init__(transform, seed)
+        self.crops, self.device = DeviceCrops(transform), torch.device(device)
 
-    def __getitem__(self, request):
-        row0, blobs, epoch, indices = request
-        images = decode_jpegs(blobs, self.device)
-        images = [None if image is None else self.crops(image, sample_seed(self.seed, epoch, index))
-                  for image, index in zip(images, indices)]
-        return (row0, *replace_undecodable(row0, images))
+    def images(self, blobs, epoch: int, indices) -> List[Optional[torch.Tensor]]:
+        return [None if image is None else self.crops(image, sample_seed(self.seed, epoch, index))
+                for image, index in zip(decode_jpegs(blobs, self.device), indices)]
 
 
-class DeviceDecoder:
-    """ChunkDecoder's interface (data/encoded.py), decoding in the calling process on `device`."""
+class DeviceDecoder(ChunkDecoder):
+    """ChunkDecoder decoding with torchvision in the calling process (no pool), on `device`."""
 
     def __init__(self, transform, seed: int, device):
-        self.pieces = DevicePieces(transform, seed, device)
-
-    def stream(self, requests):
-        return (self.pieces[request] for request in requests)
-
-    def decode_now(self, request):
-        return self.pieces[request]
-
-    def close(self) -> None:
-        """No pool to end: it decodes in the calling process."""
+        super().__init__(transform, seed, 0, "torchvision", device)

@@ -53,10 +53,6 @@ def digit_image(pixels: np.ndarray, image_size: int) -> Image.Image:
     return grey.resize((image_size, image_size), Image.Resampling.BICUBIC).convert("RGB")
 
 
-def caption(label: int, template: int) -> str:
-    return CAPTION_TEMPLATES[template].format(word=NUMBER_WORDS[label], digit=label)
-
-
 def write_split(folder: Path, indices, images, labels, templates, image_size: int, shard_size: int) -> int:
     """Write the samples `indices` as folder/shard-NNNNNN.tar; returns the number of shards."""
     import webdataset as wds
@@ -68,7 +64,7 @@ def write_split(folder: Path, indices, images, labels, templates, image_size: in
         for i in sorted(indices):
             label = int(labels[i])
             sink.write({"__key__": f"{i:09d}", "png": digit_image(images[i], image_size),
-                        "txt": caption(label, templates[i]),
+                        "txt": CAPTION_TEMPLATES[templates[i]].format(word=NUMBER_WORDS[label], digit=label),
                         "json": {"label": label, "classname": NUMBER_WORDS[label]}})
     return len(list(folder.glob("shard-*.tar")))
 

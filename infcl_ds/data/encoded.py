@@ -4,7 +4,7 @@ pixels), decoded chunk by chunk in each of the engine's two passes by a pool of 
 The engine asks for chunks in a fixed order (every chunk without grad, then with grad): a batch
 queues that order with the pool at its first request, and decodes a request out of that order
 in the calling process (slower, same pixels). Both passes see bit-identical pixels: the same
-bytes, augmented under the same per-slot seed (dataset.transform_image).
+bytes, augmented under the same per-slot seed (transforms.transform_image).
 """
 import time
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -15,10 +15,10 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
 from .batch import normalize
-from .dataset import load_or_replace, transform_image
 from .errors import DataError
 from .sampler import SettableSampler, start_workers, stop_workers
-from .samples import SkipSample, decode_image
+from .samples import SkipSample, decode_image, load_or_replace
+from .transforms import transform_image
 
 # Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
 # ready soon, large enough that a task's overhead (pickling its bytes, one result) is amortised.
@@ -33,9 +33,9 @@ ENGINE_PASSES = 2
 
 # -- worker side: reading (no decoding) ---------------------------------------------------
 class EncodedTrainDataset(Dataset):
-    """(epoch, index) -> (image bytes as uint8, caption, slot index, skipped): the decoded
+    """(epoch, index) -> (image bytes, caption, slot index, skipped): the decoded
     TrainDataset's item with the image left as stored. Unusable captions and missing images
-    are replaced here, by the same rule as the decoded path (dataset.py)."""
+    are replaced here, by the same rule as the decoded path (samples.py)."""
 
     def __init__(self, source):
         self.source = source
@@ -67,33 +67,33 @@ class EncodedCollate:
 class DecodePieces(Dataset):
     """A decode request -> the piece's pixels. Request: (row0, blobs, epoch, slot indices);
     result: (row0, uint8 [n, 3, H, W], source rows int64 [n] (row r shows row source[r] of the
-    piece, r itself unless its image did not decode), count of rows replaced)."""
+    piece, r itself unless its image did not decode: then the next decodable row of the piece,
+    wrapping around), count of rows replaced)."""
 
     def __init__(self, transform, seed: int):
         self.transform, self.seed = transform, seed
 
-    def __getitem__(self, request):
-        row0, blobs, epoch, indices = request
-        images: List[Optional[torch.Tensor]] = []
+    def images(self, blobs, epoch: int, indices) -> List[Optional[torch.Tensor]]:
+        """Each blob's augmented uint8 [3, H, W] image, None where it does not decode."""
+        images = []
         for blob, index in zip(blobs, indices):
             try:
                 images.append(transform_image(self.transform, decode_image(blob), self.seed, epoch, index))
             except SkipSample:
                 images.append(None)
-        return (row0, *replace_undecodable(row0, images))
+        return images
 
-
-def replace_undecodable(row0: int, images: Sequence[Optional[torch.Tensor]]):
-    """A piece's images (None: did not decode) -> (stacked images, source rows, count replaced):
-    each None takes the next decodable row of the piece, wrapping around."""
-    usable = [r for r, image in enumerate(images) if image is not None]
-    if not usable:
-        raise DataError(f"local batch rows {row0}-{row0 + len(images) - 1}: no image of these "
-                        f"{len(images)} decodes")
-    source = [r if images[r] is not None else next((u for u in usable if u > r), usable[0])
-              for r in range(len(images))]
-    pixels = torch.stack([images[s] for s in source])
-    return pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
+    def __getitem__(self, request):
+        row0, blobs, epoch, indices = request
+        images = self.images(blobs, epoch, indices)
+        usable = [r for r, image in enumerate(images) if image is not None]
+        if not usable:
+            raise DataError(f"local batch rows {row0}-{row0 + len(images) - 1}: no image of these "
+                            f"{len(images)} decodes")
+        source = [r if images[r] is not None else next((u for u in usable if u > r), usable[0])
+                  for r in range(len(images))]
+        pixels = torch.stack([images[s] for s in source])
+        return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
 
 
 class ChunkDecoder:
@@ -102,14 +102,14 @@ class ChunkDecoder:
     (DataLoader's persistent workers, which also turn a worker's death or a stall past
     DECODE_TIMEOUT_S into an error in the rank). `decoder`:
     "pil" (open_clip's pixels exactly) or "torchvision" (torchvision.io's decoder and torch's
-    resize on the CPU, the same crops: data.decoder)."""
+    resize on `device`, the same crops: data.decoder)."""
 
-    def __init__(self, transform, seed: int, workers: int, decoder: str = "pil"):
+    def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu"):
         if decoder == "pil":
             self.pieces = DecodePieces(transform, seed)
         elif decoder == "torchvision":
             from .device_decode import DevicePieces  # it builds on this module
-            self.pieces = DevicePieces(transform, seed, "cpu")
+            self.pieces = DevicePieces(transform, seed, device)
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
         self._sampler = SettableSampler()
@@ -138,6 +138,11 @@ class ChunkDecoder:
         self._closed = True
         if self._loader is not None:
             stop_workers(self._loader)
+
+
+def _cut(lo: int, hi: int) -> List[Tuple[int, int]]:
+    """Rows [lo, hi) as decode pieces of at most DECODE_PIECE_ROWS rows."""
+    return [(p, min(p + DECODE_PIECE_ROWS, hi)) for p in range(lo, hi, DECODE_PIECE_ROWS)]
 
 
 class EncodedBatch:
@@ -185,17 +190,15 @@ class EncodedBatch:
         `chunk_rows` rows in order, each chunk cut into pieces of DECODE_PIECE_ROWS."""
         n = len(self)
         chunks = [(lo, min(lo + chunk_rows, n)) for lo in range(0, n, chunk_rows)]
-
-        def pieces(chunks):
-            return [(p, min(p + DECODE_PIECE_ROWS, hi)) for lo, hi in chunks for p in range(lo, hi, DECODE_PIECE_ROWS)]
-        again = [(lo, hi) for lo, hi in chunks if hi > self.keep_rows]  # kept chunks are not decoded again
-        self._plan = pieces(chunks) + pieces(again) * (ENGINE_PASSES - 1)
+        first = [p for lo, hi in chunks for p in _cut(lo, hi)]
+        again = [p for lo, hi in chunks if hi > self.keep_rows for p in _cut(lo, hi)]  # kept chunks: decoded once
+        self._plan = first + again * (ENGINE_PASSES - 1)
         self._stream = self.decoder.stream(self._request(lo, hi) for lo, hi in list(self._plan))
 
     def _pieces(self, lo: int, hi: int) -> List[tuple]:
         if self._plan is None:
             self._start_stream(hi - lo)
-        wanted = [(p, min(p + DECODE_PIECE_ROWS, hi)) for p in range(lo, hi, DECODE_PIECE_ROWS)]
+        wanted = _cut(lo, hi)
         if self._plan[:len(wanted)] != wanted:  # not the order queued: decode here, same pixels
             return [self.decoder.decode_now(self._request(a, b)) for a, b in wanted]
         del self._plan[:len(wanted)]

@@ -2,7 +2,5 @@
 
 
 class DataError(ValueError):
-    """Bad data configuration (missing path, empty shard list, missing CSV column, ...).
-
-    Raised at build time, before any training step, with a message naming the path or key.
-    """
+    """Bad data or data configuration (missing path, empty shard list, missing CSV column,
+    unusable samples, ...), with a message naming the path, key or rows."""

@@ -66,11 +66,8 @@ class EvalCollate:
 
 
 class EvalData:
-    """Iterate for (images [n, 3, H, W] float normalised, labels [n], texts [n, ctx]) on the CPU.
-
-    `classnames`/`templates` come from zeroshot.json; `skipped` counts the unusable samples
-    dropped by the latest pass.
-    """
+    """Iterate for (images [n, 3, H, W] float normalised, labels [n], texts [n, ctx]) on the CPU;
+    `skipped` counts the unusable samples dropped by the latest pass."""
 
     def __init__(self, source: TarSource, prompts: dict, transform, collate: EvalCollate,
                  batch_size: int, workers: int):

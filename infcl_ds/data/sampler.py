@@ -25,7 +25,8 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng((seed, epoch)).permutation(num_samples)
 
 
-class RankBatchSampler:
+def rank_batches(num_samples: int, seed: int, epoch: int, rank: int, world_size: int, local_batch: int,
+                 start_step: int, steps: int, worker_batch: int) -> Iterator[List[Tuple[int, int]]]:
     """One rank's local batches from `start_step` to the end of the epoch, each cut into
     pieces of at most `worker_batch` (epoch, sample index) pairs.
 
@@ -34,21 +35,13 @@ class RankBatchSampler:
     with each index because the dataset seeds augmentation with it, and the dataset may live in
     worker processes that never see `set_epoch`.
     """
-
-    def __init__(self, num_samples: int, seed: int, epoch: int, rank: int, world_size: int,
-                 local_batch: int, start_step: int, steps: int, worker_batch: int):
-        self.num_samples, self.seed, self.epoch = num_samples, seed, epoch
-        self.rank, self.world_size, self.local_batch = rank, world_size, local_batch
-        self.start_step, self.steps, self.worker_batch = start_step, steps, worker_batch
-
-    def __iter__(self) -> Iterator[List[Tuple[int, int]]]:
-        order = epoch_order(self.num_samples, self.seed, self.epoch)
-        global_batch = self.world_size * self.local_batch
-        offsets = self.rank * self.local_batch + np.arange(self.local_batch)
-        for step in range(self.start_step, self.steps):
-            rows = order[(step * global_batch + offsets) % self.num_samples].tolist()
-            for lo in range(0, self.local_batch, self.worker_batch):
-                yield [(self.epoch, i) for i in rows[lo:lo + self.worker_batch]]
+    order = epoch_order(num_samples, seed, epoch)
+    global_batch = world_size * local_batch
+    offsets = rank * local_batch + np.arange(local_batch)
+    for step in range(start_step, steps):
+        rows = order[(step * global_batch + offsets) % num_samples].tolist()
+        for lo in range(0, local_batch, worker_batch):
+            yield [(epoch, i) for i in rows[lo:lo + worker_batch]]
 
 
 class SettableSampler:

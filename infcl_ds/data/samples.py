@@ -1,15 +1,30 @@
-"""What every source returns, and the decoding shared by the file-backed sources.
+"""What every source returns, the decoding shared by the file-backed sources, and the rule that
+replaces unusable samples.
 
-A source is a map-style table of samples: `len(source)` and `source.load(index)` returning a
-`Sample`, or raising `SkipSample` when the sample cannot be used (undecodable image, empty or
-missing caption). Skipping is decided here, replacing is decided by the dataset.
+A source is a map-style table of samples: `len(source)`, `source.load(index)` returning a
+`Sample` and `source.load_encoded(index)` an `EncodedSample`, or raising `SkipSample` when the
+sample cannot be used (undecodable image, empty or missing caption).
+
+Replacement rule: an unusable sample is replaced by the next usable sample in storage order
+(index + 1, + 2, ... wrapping around). This keeps every rank's batch at exactly `local_batch`
+rows, needs no communication, and is deterministic, so a resume or a different worker count
+yields the same batch. The cost: the replacement is seen twice in that epoch (usually a
+neighbour in the same shard, so it is also a cheap read). The replaced slot counts as one
+skipped sample, whatever number of unusable neighbours had to be stepped over, so summed over
+ranks `skipped` is the number of unusable samples the epoch drew.
 """
 import io
 import json
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Tuple
 
 from PIL import Image
+
+from .errors import DataError
+
+# A run of unusable samples this long means broken data, not bad luck: fail loudly rather than
+# train on copies of the few readable neighbours.
+MAX_REPLACEMENT_TRIES = 100
 
 
 class SkipSample(Exception):
@@ -29,14 +44,6 @@ class EncodedSample:
     of the batch reaches the encoder (infcl_ds/data/encoded.py)."""
     image: bytes
     caption: str
-
-
-class Source(Protocol):
-    def __len__(self) -> int: ...
-
-    def load(self, index: int) -> Sample: ...
-
-    def load_encoded(self, index: int) -> EncodedSample: ...
 
 
 def require_image_bytes(data: Optional[bytes]) -> bytes:
@@ -82,3 +89,15 @@ def parse_label(data: Optional[bytes]) -> int:
         return int(value["label"] if isinstance(value, dict) else value)
     except (ValueError, KeyError, TypeError) as e:
         raise SkipSample(f"bad label: {e}") from e
+
+
+def load_or_replace(load, n: int, index: int) -> Tuple[Sample, int]:
+    """`load(index)`, or the next usable sample in storage order (the module's rule)."""
+    tries = min(MAX_REPLACEMENT_TRIES, n)
+    for offset in range(tries):
+        try:
+            return load((index + offset) % n), int(offset > 0)
+        except SkipSample as e:
+            reason = e
+    raise DataError(f"{tries} samples from index {index} on (of {n}) are all unusable, "
+                    f"the last because: {reason}")

@@ -1,14 +1,20 @@
-"""The recipe's `data` section -> a source (see samples.Source)."""
-from .csv_source import CsvSource
+"""The recipe's `data` section -> a source (samples.py says what a source is): WebDataset shards
+(webdataset_source.py), a CSV of image paths and captions, or synthetic samples."""
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
 from .errors import DataError
-from .samples import Source
-from .synthetic import SyntheticSource
+from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, require_image_bytes
 from .webdataset_source import TarSource
 
 SOURCES = ("webdataset", "csv", "synthetic")
 
 
-def build_source(spec: dict, image_size: int) -> Source:
+def build_source(spec: dict, image_size: int):
     """Check the spec and open its source; every problem is a DataError naming the key or path."""
     kind = spec.get("source")
     if kind not in SOURCES:
@@ -22,3 +28,83 @@ def build_source(spec: dict, image_size: int) -> Source:
     return CsvSource(spec["train"], img_key=spec.get("csv_img_key", "filepath"),
                      caption_key=spec.get("csv_caption_key", "title"),
                      separator=spec.get("csv_separator"))
+
+
+def csv_separator(path: Path, separator=None) -> str:
+    """DataError if the CSV does not exist; else `separator`, by default a tab for .tsv, a comma otherwise."""
+    if not path.is_file():
+        raise DataError(f"CSV file {path} does not exist")
+    if separator is None:
+        separator = "\t" if path.suffix.lower() == ".tsv" else ","
+    return separator
+
+
+def require_columns(path: Path, fields, keys, separator: str, hint: str = "") -> None:
+    """DataError naming the `keys` missing from the CSV's header `fields`."""
+    missing = [key for key in keys if key not in (fields or [])]
+    if missing:
+        raise DataError(f"CSV {path} lacks column(s) {missing} (has {fields}, separator {separator!r}){hint}")
+
+
+class CsvSource:
+    """A CSV/TSV (OpenCLIP's `--dataset-type csv`): rows of `img_key` (image path; relative paths
+    are relative to the CSV's directory) and `caption_key`. A missing or undecodable image file
+    skips its row at load time: checking millions of files at build time would be slow."""
+
+    def __init__(self, path, img_key: str = "filepath", caption_key: str = "title", separator=None):
+        path = Path(path)
+        separator = csv_separator(path, separator)
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f, delimiter=separator)
+            require_columns(path, reader.fieldnames, (img_key, caption_key), separator)
+            rows = [(row[img_key], row[caption_key]) for row in reader]
+        if not rows:
+            raise DataError(f"CSV {path} has no rows")
+        self.root = path.parent
+        self.images, self.captions = (list(col) for col in zip(*rows))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def load(self, index: int) -> Sample:
+        sample = self.load_encoded(index)
+        return Sample(decode_image(sample.image), sample.caption)
+
+    def load_encoded(self, index: int) -> EncodedSample:
+        caption = decode_caption(self.captions[index])
+        if not self.images[index]:  # empty cell, or None from a short row
+            raise SkipSample("no image path")
+        try:
+            data = (self.root / self.images[index]).read_bytes()
+        except OSError as e:
+            raise SkipSample(f"cannot read image {self.images[index]}: {e}") from e
+        return EncodedSample(require_image_bytes(data), caption)
+
+
+class SyntheticSource:
+    """`size` samples (no files), for throughput runs and tests: uniform-noise RGB images
+    (`image_size` square) with captions of random lowercase "words", which the tokenizer turns
+    into random token ids of random length. Sample `index` is a pure function of the index, so
+    any order or resume sees the same data."""
+
+    def __init__(self, size: int, image_size: int):
+        if not isinstance(size, int) or size <= 0:
+            raise DataError(f"synthetic_size must be a positive int, got {size!r}")
+        self.size, self.image_size = size, image_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def load(self, index: int) -> Sample:
+        rng = np.random.default_rng(index)
+        pixels = rng.integers(0, 256, (self.image_size, self.image_size, 3), dtype=np.uint8)
+        words = ("".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9)))
+                 for _ in range(rng.integers(3, 12)))
+        return Sample(Image.fromarray(pixels), " ".join(words))
+
+    def load_encoded(self, index: int) -> EncodedSample:
+        """The same sample as PNG bytes: lossless, so it decodes to `load`'s pixels."""
+        sample = self.load(index)
+        buf = io.BytesIO()
+        sample.image.save(buf, format="PNG", compress_level=1)
+        return EncodedSample(buf.getvalue(), sample.caption)

@@ -49,8 +49,13 @@ def _cache_file(path: Path) -> Path:
     return root / "tar-index" / f"{hashlib.sha1(ident).hexdigest()}.npy"
 
 
-def _save(cache: Path, spans: np.ndarray) -> None:
-    """Atomic write (ranks may index the same shard at once); a failure only costs a rescan."""
+def shard_spans(path: Path) -> np.ndarray:
+    """`scan_shard`, through the cache. The cache is written atomically (ranks may index the
+    same shard at once), and a failure to write it only costs a rescan."""
+    cache = _cache_file(path)
+    if cache.exists():
+        return np.load(cache)
+    spans = scan_shard(path)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
@@ -59,15 +64,6 @@ def _save(cache: Path, spans: np.ndarray) -> None:
         os.replace(tmp, cache)
     except OSError:
         pass
-
-
-def shard_spans(path: Path) -> np.ndarray:
-    """`scan_shard`, through the cache."""
-    cache = _cache_file(path)
-    if cache.exists():
-        return np.load(cache)
-    spans = scan_shard(path)
-    _save(cache, spans)
     return spans
 
 

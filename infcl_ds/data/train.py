@@ -3,20 +3,46 @@ import itertools
 import math
 import queue
 import threading
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from .batch import HostBatch
-from .dataset import Collate, TrainDataset
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
 from .pinned import pinned_empty
-from .sampler import RankBatchSampler, SettableSampler, steps_per_epoch, start_workers, stop_workers
+from .sampler import SettableSampler, rank_batches, start_workers, steps_per_epoch, stop_workers
+from .samples import load_or_replace
 from .sources import build_source
-from .transforms import uint8_image_transform
+from .transforms import transform_image, uint8_image_transform
+
+
+class TrainDataset(Dataset):
+    """The decoded host batch's dataset: (epoch, index), as sampler.rank_batches yields ->
+    (uint8 image [3, H, W], caption, skipped), skipped being 0 or 1 (samples.py's rule)."""
+
+    def __init__(self, source, transform, seed: int):
+        self.source, self.transform, self.seed = source, transform, seed
+
+    def __getitem__(self, item: Tuple[int, int]):
+        epoch, index = item
+        sample, skipped = load_or_replace(self.source.load, len(self.source), index)
+        return transform_image(self.transform, sample.image, self.seed, epoch, index), sample.caption, skipped
+
+
+class Collate:
+    """Samples -> (images uint8 [n, 3, H, W], texts int64 [n, ctx], skipped count), the batch
+    tokenized in one call inside the worker: the cheap place for it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: List[tuple]):
+        images, captions, skipped = zip(*items)
+        texts = self.tokenizer(list(captions)).to(torch.int64)
+        return torch.stack(images), texts, sum(skipped)
 
 
 class TrainData:
@@ -72,9 +98,8 @@ class TrainData:
             # stop() gave up waiting) and a restarted loader would interleave their pieces.
             raise DataError("the previous iteration over this rank's batches is still inside its data "
                             "loader (a stalled data worker?): it cannot be restarted")
-        self._sampler.requests = iter(RankBatchSampler(
-            self.num_samples, self.seed, self.epoch, self.rank, self.world_size, self.local_batch, self.step,
-            self.steps_per_epoch, self.worker_batch))
+        self._sampler.requests = rank_batches(self.num_samples, self.seed, self.epoch, self.rank, self.world_size,
+                                              self.local_batch, self.step, self.steps_per_epoch, self.worker_batch)
         pieces = iter(self._loader)
         stopping = threading.Event()
         # A batch being assembled when the consumer stops is abandoned between pieces: nobody
@@ -92,16 +117,13 @@ class TrainData:
             ahead.stop()
 
     def _assemble(self, pieces):
+        """One local batch from its pieces, and how many unusable samples were replaced in it.
+        Decoded pieces are copied into host tensors (page-locked when CUDA is available, so that
+        HostBatch.chunk's copies overlap compute): one copy of the batch, not two."""
         if self.decoder is not None:
             pieces = list(pieces)
             return (EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std, self.keep_rows),
                     sum(p[4] for p in pieces))
-        return self._assemble_decoded(pieces)
-
-    def _assemble_decoded(self, pieces):
-        """Copy one local batch's pieces into host tensors (page-locked when CUDA is available,
-        so that HostBatch.chunk's copies overlap compute): one copy of the batch, not two.
-        Returns the batch and how many unusable samples were replaced in it."""
         images = texts = None
         row = skipped = 0
         for piece_images, piece_texts, piece_skipped in pieces:
@@ -211,13 +233,12 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     host_batch = spec.get("host_batch", "encoded")
     if host_batch not in HOST_BATCHES:
         raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
-    keep_rows = 0
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
         decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"))
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
     else:
-        dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
+        dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
     try:
         return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                          drop_last=drop_last, workers=spec.get("workers", 2),

@@ -1,4 +1,4 @@
-"""open_clip's image transforms, stopped before the float conversion.
+"""open_clip's image transforms, stopped before the float conversion, and their per-slot seeding.
 
 The PIL steps (resize, crop, RandomResizedCrop, RGB conversion) are taken from open_clip's own
 `image_transform`, so the pixels are exactly OpenCLIP's; only its last two steps (ToTensor,
@@ -23,6 +23,13 @@ def uint8_image_transform(image_size: int, augment: bool) -> Compose:
     if not (isinstance(steps[-2], ToTensor) and isinstance(steps[-1], Normalize)):
         raise RuntimeError(f"unexpected open_clip transform tail: {steps[-2:]}")
     return Compose([*steps[:-2], PILToTensor()])
+
+
+def transform_image(transform, image, seed: int, epoch: int, index: int) -> torch.Tensor:
+    """The slot's augmented uint8 image. Seeded by the slot (epoch, index): the crop depends on
+    nothing a resume, a worker count or a second decode of the same bytes could change."""
+    with seeded_cpu_generator(sample_seed(seed, epoch, index)):  # torchvision draws from it
+        return transform(image)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

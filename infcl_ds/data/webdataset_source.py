@@ -27,14 +27,11 @@ def expand_shards(spec: ShardSpec) -> List[Path]:
         if not shards:
             raise DataError(f"no *.tar shards in directory {spec}")
         return shards
-    paths = [p for pattern in braceexpand.braceexpand(spec) for p in _glob_or_self(pattern)]
+    paths = [p for pattern in braceexpand.braceexpand(spec)
+             for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern])]
     if not paths:
         raise DataError(f"shard pattern {spec} matches no file")
     return [_existing_file(p) for p in paths]
-
-
-def _glob_or_self(pattern: str) -> List[str]:
-    return sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
 
 
 def _existing_file(path) -> Path:
