@@ -34,6 +34,7 @@ MIB = 1 << 20
 # The benchmark JSON of a checkout (docs/benchmarks/), the default inputs.
 BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 TRAIN = BENCHMARKS / "train.json"
+PLANNER_CHECK = BENCHMARKS / "planner_check.json"
 CALIBRATION = Path(__file__).resolve().parents[1] / "calibration"
 
 
@@ -47,9 +48,9 @@ def row_recipe(row: dict, meta: dict):
                               f"model.compile={str(bool(row.get('compile', False))).lower()}"])
 
 
-def measured_rows(path=TRAIN, impl: str = "infcl_ds"):
+def measured_rows(path=TRAIN):
     data = json.loads(Path(path).read_text())
-    rows = [r for r in data["rows"] if r.get("impl") == impl and r.get("status") == "measured"]
+    rows = [r for r in data["rows"] if r.get("impl") == "infcl_ds" and r.get("status") == "measured"]
     return rows, data.get("meta", {})
 
 
@@ -81,9 +82,6 @@ def check(row: dict, meta: dict, rates: KernelRates) -> dict:
             "step_s": row["step_s"], "pred_step_s": t.total,
             "phases": {"encode": (row["encode_s"], t.encode), "loss": (row["loss_s"], t.loss),
                        "reencode": (row["reencode_s"], t.reencode)}}
-
-
-PLANNER_CHECK = TRAIN.with_name("planner_check.json")
 
 
 def check_recorded(path=PLANNER_CHECK) -> list:
@@ -138,19 +136,16 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
     at 256k) stay a check of the planner rather than its input. Returns the models written."""
     data = json.loads(Path(vs_path).read_text())
     encoders = json.loads((out / "encoder_rates.json").read_text())
-    smallest = {}
-    for row in data["rows"]:
-        if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) != ("infcl_ds", True, "measured", 1) \
-                or row.get("zero") == 3 or row.get("set") or row["model"] not in encoders["models"]:
-            continue
-        if row["model"] not in smallest or row["B"] < smallest[row["model"]]["B"]:
-            smallest[row["model"]] = row
-    written = []
-    for row in smallest.values():
-        encoders["models"][row["model"]]["compiled"] = _encoder_entry(
-            row, f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({row['model']}, "
+    wanted = ("infcl_ds", True, "measured", 1)
+    rows = [row for row in data["rows"]
+            if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) == wanted
+            and row.get("zero") != 3 and not row.get("set") and row["model"] in encoders["models"]]
+    written = list(dict.fromkeys(row["model"] for row in rows))
+    for model in written:
+        row = min((r for r in rows if r["model"] == model), key=lambda r: r["B"])
+        encoders["models"][model]["compiled"] = _encoder_entry(
+            row, f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({model}, "
                  f"chunk {row['chunk']}, 1 x {row.get('device', '?')})")
-        written.append(row["model"])
     _write_json(out / "encoder_rates.json", encoders)
     return written
 

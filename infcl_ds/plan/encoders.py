@@ -38,12 +38,11 @@ LSE_BYTES_PER_HEAD = 4
 # Measured activation bytes over the counted ones, per (model, grad_checkpointing):
 # calibration/activations.json, refitted by `python -m infcl_ds.plan.calibrate --write` (docs/planner.md).
 _ACTIVATIONS = read_json("calibration", "activations.json")
-ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {
-    (fit["model"], fit["grad_checkpointing"]): fit["factor"] for fit in _ACTIVATIONS["fits"]}
+_FITS = {(fit["model"], fit["grad_checkpointing"]): fit for fit in _ACTIVATIONS["fits"]}
+ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {key: fit["factor"] for key, fit in _FITS.items()}
 # Any other model, or checkpointing on: the default model's factor, transferred, not measured.
-DEFAULT_ACTIVATION_CALIBRATION = ACTIVATION_CALIBRATION[(_ACTIVATIONS["default_model"], False)]
-CALIBRATION_SOURCE = next(fit["source"] for fit in _ACTIVATIONS["fits"]
-                          if (fit["model"], fit["grad_checkpointing"]) == (_ACTIVATIONS["default_model"], False))
+_DEFAULT_FIT = _FITS[(_ACTIVATIONS["default_model"], False)]
+DEFAULT_ACTIVATION_CALIBRATION, CALIBRATION_SOURCE = _DEFAULT_FIT["factor"], _DEFAULT_FIT["source"]
 
 
 def activation_calibration(name: str, checkpointing: bool) -> Tuple[float, bool]:
@@ -143,13 +142,15 @@ def _check_keys(where: str, cfg: dict, allowed: set, name: str) -> None:
                                "model (it estimates open_clip ViT image towers and transformer text towers)")
 
 
-def _layers_params(cfg: dict, layers: int, width: int, mlp: int) -> int:
-    """Per layer: ln_1, the qkv and out projections with biases, ln_2, the two MLP linears
-    with biases, and two layer-scale vectors when the config sets ls_init_value."""
-    per_layer = 4 * width * width + 2 * width * mlp + 9 * width + mlp
-    if cfg.get("ls_init_value") is not None:
-        per_layer += 2 * width
-    return layers * per_layer
+def _tower(cfg: dict, layers: int, width: int, quick_gelu: bool, outside_params: int, **fields) -> Tower:
+    """A tower of ``layers`` layers and ``outside_params`` other parameters. Per layer: ln_1, the
+    qkv and out projections with biases, ln_2, the two MLP linears with biases, and two
+    layer-scale vectors when the config sets ls_init_value."""
+    mlp = int(width * cfg.get("mlp_ratio", 4.0))
+    layer_scale = cfg.get("ls_init_value") is not None
+    per_layer = 4 * width * width + 2 * width * mlp + 9 * width + mlp + (2 * width if layer_scale else 0)
+    return Tower(layers=layers, width=width, mlp_width=mlp, params=outside_params + layers * per_layer,
+                 layer_scale=layer_scale, quick_gelu=quick_gelu, **fields)
 
 
 def vision_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -> Tower:
@@ -162,51 +163,40 @@ def vision_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False)
         raise PlanError(f"plan: model {name}: non-square image_size {image_size} is not modelled")
     patches = (image_size // patch) ** 2
     tokens = patches + 1
-    mlp = int(width * cfg.get("mlp_ratio", 4.0))
-    params = (3 * patch * patch * width      # conv1, no bias
-              + width + tokens * width        # class and positional embeddings
-              + 2 * width + 2 * width         # ln_pre, ln_post
-              + _layers_params(cfg, layers, width, mlp)
-              + width * embed_dim)            # proj
+    outside = (3 * patch * patch * width     # conv1, no bias
+               + width + tokens * width       # class and positional embeddings
+               + 2 * width + 2 * width        # ln_pre, ln_post
+               + width * embed_dim)           # proj
     # ln_pre's and ln_post's inputs; with token pooling (the default) or none, ln_post's
     # output too: the pooled row is a view of it, saved by the projection's matmul.
     extra = 3 if cfg.get("pool_type", "tok") in ("tok", "none") else 2
-    return Tower(layers=layers, width=width, heads=width // cfg.get("head_width", 64), mlp_width=mlp,
-                 tokens=tokens, params=params,
-                 extra_flops=2 * patches * 3 * patch * patch * width + 2 * width * embed_dim,
-                 extra_values=extra, layer_scale=cfg.get("ls_init_value") is not None, quick_gelu=quick_gelu)
+    return _tower(cfg, layers, width, quick_gelu, outside, heads=width // cfg.get("head_width", 64), tokens=tokens,
+                  extra_flops=2 * patches * 3 * patch * patch * width + 2 * width * embed_dim, extra_values=extra)
 
 
 def text_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -> Tower:
     _check_keys("text_cfg", cfg, _TEXT_KEYS, name)
     layers, width = cfg.get("layers", 12), cfg.get("width", 512)
     context, vocab = cfg.get("context_length", 77), cfg.get("vocab_size", 49408)
-    mlp = int(width * cfg.get("mlp_ratio", 4.0))
-    params = (vocab * width + context * width  # token and positional embeddings
-              + 2 * width                       # ln_final
-              + _layers_params(cfg, layers, width, mlp)
-              + width * embed_dim)              # text_projection
+    outside = (vocab * width + context * width  # token and positional embeddings
+               + 2 * width                       # ln_final
+               + width * embed_dim)              # text_projection
     # ln_final's input; with first/last-token pooling (a view) or none, its output too.
     extra = 2 if cfg.get("pool_type", "argmax") in ("first", "last", "none") else 1
-    return Tower(layers=layers, width=width, heads=cfg.get("heads", 8), mlp_width=mlp, tokens=context,
-                 params=params, extra_flops=2 * width * embed_dim, extra_values=extra,
-                 layer_scale=cfg.get("ls_init_value") is not None, quick_gelu=quick_gelu)
-
-
-def model_config(name: str) -> dict:
-    """open_clip's config for ``name``, the project's tiny models included."""
-    import open_clip
-    from ..models import register_tiny_configs
-    register_tiny_configs()
-    cfg = open_clip.get_model_config(name)
-    if cfg is None:
-        raise PlanError(f"plan: open_clip has no model config named {name!r}")
-    return cfg
+    return _tower(cfg, layers, width, quick_gelu, outside, heads=cfg.get("heads", 8), tokens=context,
+                  extra_flops=2 * width * embed_dim, extra_values=extra)
 
 
 def estimate_model(name: str, cfg: Optional[dict] = None) -> ModelEstimate:
-    """The estimate for open_clip model ``name`` (its config read from open_clip unless given)."""
-    cfg = model_config(name) if cfg is None else cfg
+    """The estimate for open_clip model ``name`` (its config read from open_clip, the project's
+    tiny models included, unless given)."""
+    if cfg is None:
+        import open_clip
+        from ..models import register_tiny_configs
+        register_tiny_configs()
+        cfg = open_clip.get_model_config(name)
+        if cfg is None:
+            raise PlanError(f"plan: open_clip has no model config named {name!r}")
     _check_keys("the config", cfg, _TOP_KEYS, name)
     embed_dim = cfg["embed_dim"]
     vision, text = cfg["vision_cfg"], cfg["text_cfg"]

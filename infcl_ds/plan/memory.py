@@ -48,7 +48,6 @@ ACTIVATIONS, FEATURES, FEATURE_GRADS, LOSS_BUFFERS = ("activations (one chunk)",
                                                       "cached feature gradients", "loss and ring buffers")
 ENCODER_PASS, REDUCTION, LOSS = "encoder pass", "reduction", "loss"
 PIXELS_KEPT = "decoded chunks kept for the grad pass"
-_THROUGHOUT = (PARAMS, OPTIM, RUNTIME)
 
 
 def gib(nbytes: float) -> str:
@@ -167,7 +166,7 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     })
     # Decoded chunks kept from the first pass to the second fill up during the first, and are
     # freed one by one during the second: counted whole throughout.
-    always = _THROUGHOUT + ((ZERO_BUFFERS,) if stage >= 3 else ()) + (PIXELS_KEPT,)
+    always = (PARAMS, OPTIM, RUNTIME) + ((ZERO_BUFFERS,) if stage >= 3 else ()) + (PIXELS_KEPT,)
     feature_grads = () if recipe.batch.offload_features else (FEATURE_GRADS,)
     across_chunks = GRAD_SUM if components[GRAD_SUM] else GRADS
     encoder = always + (across_chunks, ACTIVATIONS) + feature_grads
@@ -190,6 +189,29 @@ ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
 # Per decode process: its own Python heap beyond the shared pages of the forked rank (with
 # HOST_RESERVE_PER_RANK, fitted to docs/benchmarks/host_memory.json).
 DECODE_WORKER_RESERVE = GIB // 10
+# Shards read to measure the stored image size (their headers only: a few ms each).
+SHARDS_SAMPLED = 4
+
+
+def image_bytes_per_sample(recipe: Recipe) -> Tuple[int, str]:
+    """(mean stored bytes of an image, where the figure comes from): data.image_bytes, else the
+    image members of the first shards when they are readable here, else DEFAULT_IMAGE_BYTES."""
+    if recipe.data.image_bytes:
+        return recipe.data.image_bytes, "data.image_bytes"
+    if recipe.data.source == "webdataset" and recipe.data.train:
+        from ..data.errors import DataError
+        from ..data.tar_index import IMAGE, TarIndex
+        from ..data.webdataset_source import expand_shards
+        try:
+            shards = expand_shards(recipe.data.train)[:SHARDS_SAMPLED]
+            sizes = TarIndex(shards).spans[:, IMAGE, 1]
+        except (DataError, OSError):
+            pass
+        else:
+            sizes = sizes[sizes > 0]
+            if len(sizes):
+                return int(sizes.mean()), f"measured on {len(shards)} shard(s)"
+    return DEFAULT_IMAGE_BYTES, "assumed; set data.image_bytes"
 
 
 def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:

@@ -7,16 +7,16 @@ with the smallest factor. A recipe that exceeds a limit gets a verdict naming th
 component and the remedies that would make it fit, each checked by planning it.
 """
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError
-from .inputs import InputRate, image_bytes_per_sample, input_rate
-from .timing import DEFAULT_NETWORK, NETWORKS, KernelRates, StepTime, step_time
+from .timing import DEFAULT_NETWORK, NETWORKS, InputRate, KernelRates, StepTime, input_rate, step_time
 
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
 DEFAULT_HOST_MEMORY = 2 << 40
@@ -136,12 +136,9 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     model = model or estimate_model(recipe.model.name)
     local = recipe.local_batch(gpus)
     gpu = mem.gpu_memory(model, recipe, gpus)
-    image_bytes, image_bytes_source = image_bytes_per_sample(recipe)
+    image_bytes, image_bytes_source = mem.image_bytes_per_sample(recipe)
     host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
-    time = step_time(model, local, gpus, recipe.precision.dtype, recipe.model.grad_checkpointing, rates,
-                     gpus_per_node, network, encoder_tflops, zero_stage=recipe.zero.stage,
-                     compiled=recipe.compiles("cuda"),
-                     chunk=recipe.batch.chunk if isinstance(recipe.batch.chunk, int) else None)
+    time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
     limits = [_gpu_limit(gpu, gpu_memory_bytes),
               Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,
@@ -192,11 +189,9 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
               rates: Optional[KernelRates] = None) -> Plan:
     """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each, ``gpus_per_node`` per node
     with ``host_memory_bytes`` of host memory each (default: DEFAULT_HOST_MEMORY, marked as
-    assumed). ``encoder_tflops`` None: the measured encoder rates of the model if there are
-    some, else timing.DEFAULT_ENCODER_TFLOPS; a number: that rate for every model. Raises
-    RecipeError when the batch does not split over the GPUs and PlanError when the model
-    cannot be estimated; a recipe that does not fit gets ``fits == False`` and a
-    verdict that says why and what would fix it."""
+    assumed); ``encoder_tflops`` as timing.encoder_times. Raises RecipeError when the batch does
+    not split over the GPUs and PlanError when the model cannot be estimated; a recipe that does
+    not fit gets ``fits == False`` and a verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
     if recipe.batch.chunk == "auto":  # what the trainer will choose on these GPUs
@@ -204,16 +199,16 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     rates = rates or KernelRates.load()
     assumed = host_memory_bytes is None
     host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
-    settings = {"encoder_tflops": encoder_tflops, "network": network, "max_step_s": max_step_s}
-    plan = assess(recipe, gpus, gpu_memory_bytes, gpus_per_node, host_memory_bytes, rates, **settings)
-    plan = dataclasses.replace(plan, host_memory_assumed=assumed)
+    probe = functools.partial(assess, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                              host_memory_bytes=host_memory_bytes, rates=rates, encoder_tflops=encoder_tflops,
+                              network=network, max_step_s=max_step_s)
+    plan = dataclasses.replace(probe(recipe, gpus), host_memory_assumed=assumed)
     if plan.fits:
         advice = ()
         if recipe.zero.stage == 3 and recipe.zero.base_config is None:
             # ZeRO-3 cannot compile the towers (its per-module gathering breaks compiled graphs):
             # compiled ZeRO-2 steps are 1.3x faster on one H200 (ViT-B-16). Say so when ZeRO-2 fits.
-            stage2 = assess(recipe_with(recipe, "zero", stage=2), gpus, gpu_memory_bytes, gpus_per_node,
-                            host_memory_bytes, rates, model=plan.model, **settings)
+            stage2 = probe(recipe_with(recipe, "zero", stage=2), gpus, model=plan.model)
             if stage2.fits:
                 advice = (f"zero.stage=2 also fits ({mem.gib(stage2.peak_gpu_bytes)} GiB per GPU) and can compile "
                           f"the towers (model.compile), which ZeRO-3 cannot: 1.3x faster steps on one H200",)
@@ -222,16 +217,15 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
 
     def fits(candidate: Recipe, n: int) -> bool:
         try:
-            return assess(candidate, n, gpu_memory_bytes, gpus_per_node, host_memory_bytes, rates,
-                          model=plan.model, **settings).fits
+            return probe(candidate, n, model=plan.model).fits
         except ValueError:  # RecipeError: e.g. the chunk no longer fits the local batch
             return False
 
     culprit, problem = _problem(plan)
     remedies = _remedies(recipe, gpus, gpus_per_node, culprit, fits)
-    fix = "; " + " or ".join(remedies[:2]) if remedies else "; no single change of GPUs, chunk, " \
-                                                            "checkpointing, ZeRO stage, offload, workers or kept decoded chunks fits"
-    return dataclasses.replace(plan, verdict=f"does not fit: {problem}{fix}", remedies=tuple(remedies))
+    fix = " or ".join(remedies[:2]) or ("no single change of GPUs, chunk, checkpointing, ZeRO stage, offload, "
+                                        "workers or kept decoded chunks fits")
+    return dataclasses.replace(plan, verdict=f"does not fit: {problem}; {fix}", remedies=tuple(remedies))
 
 
 def _problem(plan: Plan) -> Tuple[str, str]:
@@ -273,38 +267,23 @@ def _largest_below(value: int, fits: Callable[[int], bool]) -> Optional[int]:
 def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
               fits: Callable[[Recipe, int], bool]) -> List[str]:
     """Single changes that make the recipe fit, those relevant to the culprit first."""
+    def first(section: str, key: str, values: Iterable) -> Optional[str]:
+        """`set section.key=value` for the first of ``values``, other than the recipe's, that fits."""
+        current = getattr(getattr(recipe, section), key)
+        for value in values:
+            if value != current and fits(recipe_with(recipe, section, **{key: value}), gpus):
+                return f"set {section}.{key}={str(value).lower()}"
+        return None
+
     def more_gpus():
         step = gpus_per_node if gpus >= gpus_per_node else 1
         for n in range((gpus // step + 1) * step, MAX_GPUS + 1, step):
             if recipe.batch.global_size % n == 0 and fits(recipe, n):
                 return f"use {n} GPUs"
 
-    def offload():
-        if not recipe.batch.offload_features and fits(recipe_with(recipe, "batch", offload_features=True), gpus):
-            return "set batch.offload_features=true"
-
-    def no_offload():
-        if recipe.batch.offload_features and fits(recipe_with(recipe, "batch", offload_features=False), gpus):
-            return "set batch.offload_features=false"
-
-    def zero():
-        if recipe.zero.base_config is None:
-            for stage in range(recipe.zero.stage + 1, 4):
-                if fits(recipe_with(recipe, "zero", stage=stage), gpus):
-                    return f"set zero.stage={stage}"
-
     def chunk():
         best = _largest_below(recipe.batch.chunk, lambda c: fits(recipe_with(recipe, "batch", chunk=c), gpus))
         return f"set batch.chunk={best}" if best else None
-
-    def checkpointing():
-        if not recipe.model.grad_checkpointing and fits(recipe_with(recipe, "model", grad_checkpointing=True), gpus):
-            return "set model.grad_checkpointing=true"
-
-    def workers():
-        for count in range(recipe.data.workers - 1, -1, -1):
-            if fits(recipe_with(recipe, "data", workers=count), gpus):
-                return f"set data.workers={count}"
 
     def keep_fewer():
         def fits_keeping(gib):
@@ -315,7 +294,13 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
             if gib or fits_keeping(0):
                 return f"set data.keep_decoded_gib={gib}"
 
-    candidates = {"gpus": more_gpus, "keep": keep_fewer, "offload": offload, "no-offload": no_offload, "zero": zero, "chunk": chunk,
-                  "checkpointing": checkpointing, "workers": workers}
-    order = list(_RELEVANT.get(culprit, ())) + [k for k in candidates if k not in _RELEVANT.get(culprit, ())]
+    zero = recipe.zero
+    candidates = {"gpus": more_gpus, "keep": keep_fewer,
+                  "offload": lambda: first("batch", "offload_features", (True,)),
+                  "no-offload": lambda: first("batch", "offload_features", (False,)),
+                  "zero": lambda: first("zero", "stage", range(zero.stage + 1, 4) if zero.base_config is None else ()),
+                  "chunk": chunk, "checkpointing": lambda: first("model", "grad_checkpointing", (True,)),
+                  "workers": lambda: first("data", "workers", range(recipe.data.workers - 1, -1, -1))}
+    relevant = _RELEVANT.get(culprit, ())
+    order = list(relevant) + [key for key in candidates if key not in relevant]
     return [text for text in (candidates[key]() for key in order) if text]

@@ -22,6 +22,10 @@ the next one travels: forward the text block (features' dtype) and its column st
 backward the block again, its statistics and an fp32 partial gradient. A hop takes the
 longer of the two; all ranks move in step, so the slowest link in the ring sets it (the
 one hop between nodes once the ring leaves a node). Per-message latency is not modelled.
+
+Inputs, with encoded host batches: a local batch is decoded once per engine pass, twice per step
+(less the chunks kept decoded on the GPU between the passes, data.keep_decoded_gib), so a rank
+needs up to 2 x local batch / step decodes per second from its data.decode_workers processes.
 """
 import bisect
 import json
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..config import Recipe
 from ..resources import read_json
 from .encoders import ModelEstimate
 from .errors import PlanError
@@ -77,6 +82,10 @@ ZERO3_CHUNK_FLOOR_S = (0.106, 0.259)
 DEFAULT_ENCODER_TFLOPS = 254.0
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
+# Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
+# transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
+_DECODE_RATES = read_json("calibration", "decode_rates.json")
+DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for name in ("pil", "torchvision")}
 
 # Bytes per second one way. NVLink 4 (H100/H200 SXM) is 900 GB/s counting both directions; a
 # ring hop sends one way. Between nodes a hop uses one 200 or 400 Gb/s NIC.
@@ -98,15 +107,13 @@ class KernelRates:
         """The shipped rates (calibration/loss_rates.json), or those of a benchmark file
         written by `infcl-ds bench loss --out FILE` (--rates FILE)."""
         if path is None:
-            return cls.from_calibration(read_json("calibration", "loss_rates.json"))
-        path = Path(path)
-        if not path.is_file():
-            raise PlanError(f"plan: measured kernel rates not found at {path} (write them with "
-                            "`infcl-ds bench loss --out FILE` and pass --rates FILE)")
-        return cls.from_calibration(loss_rates_calibration(json.loads(path.read_text()), path.name))
-
-    @classmethod
-    def from_calibration(cls, data: dict) -> "KernelRates":
+            data = read_json("calibration", "loss_rates.json")
+        else:
+            path = Path(path)
+            if not path.is_file():
+                raise PlanError(f"plan: measured kernel rates not found at {path} (write them with "
+                                "`infcl-ds bench loss --out FILE` and pass --rates FILE)")
+            data = loss_rates_calibration(json.loads(path.read_text()), path.name)
         rows = tuple((r["dtype"], r["D"], r["B"], r["tflops_eff"] * 1e12) for r in data["rows"])
         return cls(rows=rows, forward_fraction=data["forward_fraction"], source=data["source"])
 
@@ -221,8 +228,9 @@ def encoder_passes(checkpointing: bool) -> int:
 
 def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: bool,
                   encoder_tflops: Optional[float] = None, compiled: bool = False) -> tuple:
-    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU;
-    `compiled`: the compiled towers' rate where measured, else the eager one."""
+    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU.
+    ``encoder_tflops`` None: the model's measured rates (with `compiled`, the compiled towers'
+    where measured) if any, else DEFAULT_ENCODER_TFLOPS; a number: that rate for every model."""
     slowdown = FP32_ENCODER_SLOWDOWN if dtype == "fp32" else 1.0
     flops = model.forward_flops()
     measured = None
@@ -247,28 +255,24 @@ def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: b
     return flops * local / rate, backward_passes * flops * local / rate, rate, source, False
 
 
-def step_time(model: ModelEstimate, local: int, world: int, dtype: str, checkpointing: bool, rates: KernelRates,
-              gpus_per_node: int, network: str = DEFAULT_NETWORK,
-              encoder_tflops: Optional[float] = None, zero_stage: int = 2, compiled: bool = False,
-              chunk: Optional[int] = None) -> StepTime:
-    """The step's phases on each GPU; ``encoder_tflops`` None: measured encoder rates where
-    there are some (MEASURED_ENCODER_RATES, COMPILED_ENCODER_RATES with `compiled`), else
-    DEFAULT_ENCODER_TFLOPS; ZeRO-3 multiplies the encoder phases by ZERO3_ENCODER_SLOWDOWN,
-    and with `chunk` takes at least ZERO3_CHUNK_FLOOR_S per chunk pass."""
+def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRates, gpus_per_node: int,
+              network: str = DEFAULT_NETWORK, encoder_tflops: Optional[float] = None) -> StepTime:
+    """The step's phases on each GPU (``encoder_tflops``: as encoder_times, with the compiled
+    towers' rates where the recipe compiles). ZeRO-3 multiplies the encoder phases by
+    ZERO3_ENCODER_SLOWDOWN and takes at least ZERO3_CHUNK_FLOOR_S per chunk pass."""
+    local, dtype, checkpointing = recipe.local_batch(world), recipe.precision.dtype, recipe.model.grad_checkpointing
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
-                                                                     encoder_tflops, compiled)
-    if zero_stage >= 3:
-        passes = math.ceil(local / chunk) if chunk else 0
+                                                                     encoder_tflops, recipe.compiles("cuda"))
+    if recipe.zero.stage >= 3:
+        passes = math.ceil(local / recipe.batch.chunk)
         zero2 = encode + reencode
         encode = max(encode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[0])
         reencode = max(reencode * ZERO3_ENCODER_SLOWDOWN, passes * ZERO3_CHUNK_FLOOR_S[1])
         encoder_rate *= zero2 / (encode + reencode)
-        source += f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}"
-        if passes:
-            source += f", at least {ZERO3_CHUNK_FLOOR_S[0]} + {ZERO3_CHUNK_FLOOR_S[1]} s per chunk"
-        source += " (measured on one GPU)"
+        source += (f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}, at least {ZERO3_CHUNK_FLOOR_S[0]} + "
+                   f"{ZERO3_CHUNK_FLOOR_S[1]} s per chunk (measured on one GPU)")
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
@@ -314,7 +318,39 @@ def ring_scaling_table(global_batches: Sequence[int] = (1 << 22, 12 * (1 << 20))
 
 def min_hidden_block(dim: int, elem: int, rate: float, forward_fraction: float, bandwidth: float) -> int:
     """The smallest block whose compute hides its transfer in both passes (compute grows as
-    b^2, transfer as b)."""
-    fwd = (dim * elem + 4) * rate / (forward_fraction * 8 * dim * bandwidth)
-    bwd = (dim * (elem + 4) + 4) * rate / ((1 - forward_fraction) * 8 * dim * bandwidth)
-    return math.ceil(max(fwd, bwd))
+    b^2, transfer as b: hop_bytes of one row)."""
+    fwd, bwd = hop_bytes(1, dim, elem)
+    return math.ceil(max(fwd * rate / (forward_fraction * 8 * dim * bandwidth),
+                         bwd * rate / ((1 - forward_fraction) * 8 * dim * bandwidth)))
+
+
+@dataclass(frozen=True)
+class InputRate:
+    """Decoding against the step, per rank (encoded host batches)."""
+    needed: float       # decodes per second for the planned step
+    available: float    # what the rank's decode processes deliver
+    workers: int
+    per_worker: float   # decodes per second of one process with the recipe's data.decoder
+
+    @property
+    def binds(self) -> bool:
+        return self.needed > self.available
+
+    def step_seconds(self, compute_s: float) -> float:
+        """The step when decoding binds: every sample decoded twice at the available rate."""
+        return max(compute_s, compute_s * self.needed / self.available) if self.available else float("inf")
+
+    def workers_needed(self) -> int:
+        return int(-(-self.needed // self.per_worker))
+
+
+def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
+    """Decodes a step needs: every row in the first pass, and again in the second unless its
+    chunk was kept decoded on the GPU (`kept_rows`)."""
+    workers = recipe.data.decode_workers
+    per_worker = DECODE_RATES_PER_WORKER[recipe.data.decoder]
+    # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps).
+    available = max(workers, 1) * per_worker
+    decodes = 2 * local_batch - kept_rows
+    return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers,
+                     per_worker=per_worker)
