@@ -357,6 +357,18 @@ def test_refuses_host_memory_over_the_node(rates):
     assert more_workers.host[mem.INPUTS] - plan.host[mem.INPUTS] == per_node - 8 * plan.recipe.data.workers * 2 * 256 * plan.model.host_input_bytes()
 
 
+def test_host_memory_just_short_of_the_need_is_refused(rates):
+    """The growth factor counts every fixed part of the host need (the decode pool's pieces
+    and the processes' reserve): a node one byte short of the planned total does not fit, one
+    at the total does, and the growth factor is exactly 1 there."""
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml")
+    need = sum(make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates).host.values())
+    short = make_plan(recipe, 1, 139 * GIB, 1, need - 1, rates=rates)
+    exact = make_plan(recipe, 1, 139 * GIB, 1, need, rates=rates)
+    assert short.host[mem.DECODING] > 0 and not short.fits and short.binding == "host memory per node"
+    assert exact.fits and exact.limit("host memory per node").growth == pytest.approx(1.0, abs=1e-12)
+
+
 def test_refuses_unsupported_model(capsys):
     assert main(["--config", str(RECIPES / "vit-b16-1m-8gpu.yaml"), "--set", "model.name=RN50"]) == 2
     assert "ResNet" in capsys.readouterr().err

@@ -139,10 +139,11 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     image_bytes, image_bytes_source = mem.image_bytes_per_sample(recipe)
     host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
     time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
+    # The decode pool's pieces and the processes' reserve do not grow with the batch.
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
     limits = [_gpu_limit(gpu, gpu_memory_bytes),
               Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,
-                    _growth(host_memory_bytes, host[mem.PROCESSES], host_grows))]
+                    _growth(host_memory_bytes, sum(host.values()) - host_grows, host_grows))]
     if max_step_s is not None:
         limits.append(Limit(TIME_LIMIT, time.total, max_step_s, _time_growth(time, max_step_s)))
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
