@@ -160,15 +160,18 @@ def _profiled_step(step_engine, batch, rank):
 
 
 def compiled_gradient_check(model_name, pool, n, device):
-    """The compiled towers against the eager ones on one chunk of `n` pool samples, bf16 on
-    `device`: the largest feature difference and the largest parameter-gradient difference,
-    each relative to the eager tensor's largest magnitude (bf16 noise is ~1e-2)."""
+    """The engine's compiled towers (fast forwards, engine/towers.py, then compiled) against
+    open_clip's own eager ones on one chunk of `n` pool samples, bf16 on `device`: the largest
+    feature difference and the largest parameter-gradient difference, each relative to the
+    eager tensor's largest magnitude (bf16 noise is ~1e-2)."""
     import copy
     from ..engine.compile import compile_encoders
+    from ..engine.towers import fast_tower_modules
     from ..models import create_model, model_info
     torch.manual_seed(0)
     eager = create_model(model_name).to(device=device, dtype=torch.bfloat16)
     compiled = copy.deepcopy(eager)
+    fast_tower_modules(compiled)
     compile_encoders(compiled)
     mean = torch.tensor(model_info(eager)["mean"], device=device).view(1, 3, 1, 1)
     std = torch.tensor(model_info(eager)["std"], device=device).view(1, 3, 1, 1)

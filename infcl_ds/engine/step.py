@@ -77,8 +77,9 @@ class ContrastiveEngine:
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
                offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, loss="clip",
                compile_backend=None, **ds_kwargs):
-        """Fix up the model's parameters for DeepSpeed, build the engine, wrap it. With
-        `compile_backend` (e.g. "inductor"), the encoders are compiled first (engine/compile.py)."""
+        """Fix up the model's parameters for DeepSpeed, give its towers the fast forwards
+        (engine/towers.py), build the engine, wrap it. With `compile_backend` (e.g. "inductor"),
+        the encoders are compiled first (engine/compile.py)."""
         import deepspeed
 
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
@@ -89,6 +90,8 @@ class ContrastiveEngine:
                              "this model has a logit_bias (a SigLIP model): train it with loss='siglip' "
                              "(recipe key model.loss)")
         promote_scalar_parameters(model)
+        from .towers import fast_tower_modules
+        fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
         zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
         if compile_backend is not None:
             if zero3:

@@ -1,0 +1,106 @@
+"""The towers' chunk passes alone (no DeepSpeed, no loss), per implementation choice: eager or
+compiled; the attention from the packed projection and the patch embedding as a GEMM
+(engine/towers.py) or cuDNN with or without `cudnn.benchmark`. One GPU:
+
+    PYTHONPATH=$PWD python3 launch/probe_towers.py OUT.json [ViT-B-16:1024:4 ViT-L-14:512:2 ...]
+
+Each MODEL:CHUNK:K times K no-grad chunk passes and K forward+backward chunk passes of
+`model(images, texts)` in bf16, as the engine's steps run them; the mean of 3 rounds after 2
+untimed ones. Rows are written to OUT.json as each variant ends. Used to choose the compiled
+towers' implementation (issue 14); not a benchmark of record.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+
+from infcl_ds.engine.compile import compile_encoders
+from infcl_ds.engine.towers import PackedSelfAttention, PatchEmbeddingGemm, _is_patch_embedding, _packable, _swap_classes
+from infcl_ds.models import create_model
+
+VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark
+    ("eager", False, False, False, False),
+    ("eager+packed+patch_gemm", False, True, True, False),
+    ("compiled", True, False, False, False),
+    ("compiled+cudnn_benchmark", True, False, False, True),
+    ("compiled+packed", True, True, False, False),
+    ("compiled+packed+patch_gemm", True, True, True, False),
+    ("compiled+packed+cudnn_benchmark", True, True, False, True),
+]
+
+
+def run(name, chunk, k, compiled, packed, patch_gemm, benchmark):
+    torch._dynamo.reset()
+    torch.backends.cudnn.benchmark = benchmark
+    model = create_model(name, seed=0).cuda().bfloat16()
+    if packed:
+        _swap_classes(model, _packable, PackedSelfAttention)
+    if patch_gemm:
+        _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm)
+    if compiled:
+        compile_encoders(model)
+    size = model.visual.preprocess_cfg["size"]
+    size = size if isinstance(size, int) else size[0]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    images = torch.randn(chunk, 3, size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    texts = torch.randint(1, 49000, (chunk, model.context_length), device="cuda", generator=gen)
+    gi = torch.randn(chunk, model.visual.output_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    gt = torch.randn_like(gi)
+
+    def one_round():
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        events[0].record()
+        with torch.no_grad():
+            for _ in range(k):
+                fi, ft, *_ = model(images, texts)
+        events[1].record()
+        for _ in range(k):
+            fi2, ft2, *_ = model(images, texts)
+            ((fi2 * gi).float().sum() + (ft2 * gt).float().sum()).backward()
+        events[2].record()
+        torch.cuda.synchronize()
+        return events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3, fi, ft
+
+    t0 = time.time()
+    one_round()
+    first = time.time() - t0
+    one_round()
+    rounds = [one_round() for _ in range(3)]
+    nograd = sum(r[0] for r in rounds) / 3 / k
+    grad = sum(r[1] for r in rounds) / 3 / k
+    feats = torch.cat([rounds[-1][2][:64].float(), rounds[-1][3][:64].float()], 1).cpu()
+    del model
+    torch.cuda.empty_cache()
+    return {"first_round_s": first, "nograd_chunk_s": nograd, "grad_chunk_s": grad,
+            "s_per_sample_4_passes": (nograd + grad) / chunk,
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20}, feats
+
+
+def main():
+    out = sys.argv[1]
+    specs = sys.argv[2:] or ["ViT-B-16:1024:4"]
+    only = os.environ.get("VARIANTS")
+    rows = []
+    for spec in specs:
+        name, chunk, k = spec.split(":")
+        base = None
+        for variant in VARIANTS:
+            if only and variant[0] not in only.split(","):
+                continue
+            torch.cuda.reset_peak_memory_stats()
+            row, feats = run(name, int(chunk), int(k), *variant[1:])
+            if base is None:
+                base = feats
+            row.update(model=name, chunk=int(chunk), variant=variant[0],
+                       features_rel_diff_vs_first=((feats - base).norm() / base.norm()).item(),
+                       device=torch.cuda.get_device_name(), torch=torch.__version__)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(out, "w") as f:
+                json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""engine/towers.py: the packed self-attention is nn.MultiheadAttention's function and the
+patch-embedding GEMM the convolution's, on the same parameters (float64: outputs and every
+gradient, awkward sizes); the state dict stays, and the calls they do not cover go to the
+original modules."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from infcl_ds.engine.towers import PackedSelfAttention, PatchEmbeddingGemm, fast_tower_modules
+from infcl_ds.models import create_model
+
+TOL = 1e-12  # float64: the two paths differ only in the order of the same operations
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _mask(kind, n, heads, length, gen):
+    if kind is None:
+        return None
+    causal = torch.full((length, length), float("-inf"), dtype=torch.float64).triu(1)
+    if kind == "causal":
+        return causal
+    # (N * H, L, L): a different additive bias for every sample and head
+    return causal + torch.randn(n * heads, length, length, dtype=torch.float64, generator=gen)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("mask", [None, "causal", "per_head"])
+@pytest.mark.parametrize("n,length,width,heads", [(1, 1, 8, 2), (3, 7, 12, 3), (2, 77, 40, 5)])
+def test_packed_attention_matches_multihead_attention(batch_first, mask, n, length, width, heads):
+    gen = torch.Generator().manual_seed(n * 1000 + length)
+    torch.manual_seed(length)
+    reference = nn.MultiheadAttention(width, heads, batch_first=batch_first).double()
+    with torch.no_grad():  # MHA starts with zero biases: make them matter
+        reference.in_proj_bias.normal_(generator=gen)
+        reference.out_proj.bias.normal_(generator=gen)
+    packed = copy.deepcopy(reference)
+    assert fast_tower_modules(packed) == {"attention": 1, "patch_embedding": 0}
+    assert type(packed) is PackedSelfAttention
+    shape = (n, length, width) if batch_first else (length, n, width)
+    x = torch.randn(shape, dtype=torch.float64, generator=gen)
+    attn_mask = _mask(mask, n, heads, length, gen)
+    dy = torch.randn(shape, dtype=torch.float64, generator=gen)
+    results = []
+    for module in (reference, packed):
+        xi = x.clone().requires_grad_()
+        out, weights = module(xi, xi, xi, need_weights=False, attn_mask=attn_mask)
+        assert weights is None and out.shape == shape
+        (out * dy).sum().backward()
+        results.append((out.detach(), xi.grad, {k: p.grad for k, p in module.named_parameters()}))
+    (out_r, gx_r, gp_r), (out_p, gx_p, gp_p) = results
+    assert _rel(out_p, out_r) < TOL
+    assert _rel(gx_p, gx_r) < TOL
+    assert gp_p.keys() == gp_r.keys()
+    for name in gp_r:
+        assert _rel(gp_p[name], gp_r[name]) < TOL, name
+
+
+def test_uncovered_calls_go_to_multihead_attention():
+    """Cross attention, attention weights and boolean masks: nn.MultiheadAttention's own path."""
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(16, 4, batch_first=True).double()
+    packed = copy.deepcopy(reference)
+    fast_tower_modules(packed)
+    q, kv = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 9, 16, dtype=torch.float64)
+    bool_mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    for args, kwargs in (((q, kv, kv), {}), ((q, q, q), {"need_weights": True}),
+                         ((q, q, q), {"need_weights": False, "attn_mask": bool_mask})):
+        want, got = reference(*args, **kwargs), packed(*args, **kwargs)
+        assert torch.equal(got[0], want[0])
+        assert (got[1] is None) == (want[1] is None)
+
+
+def test_only_plain_self_attention_modules_are_packed():
+    plain = nn.MultiheadAttention(8, 2)
+    extra_kv = nn.MultiheadAttention(8, 2, add_bias_kv=True)
+    zero_attn = nn.MultiheadAttention(8, 2, add_zero_attn=True)
+    separate = nn.MultiheadAttention(8, 2, kdim=4, vdim=4)
+    model = nn.ModuleList([plain, extra_kv, zero_attn, separate])
+    assert fast_tower_modules(model)["attention"] == 1
+    assert [type(m) for m in model] == [PackedSelfAttention] + [nn.MultiheadAttention] * 3
+    assert fast_tower_modules(model)["attention"] == 0  # already packed: nothing more changes
+
+
+def test_packed_open_clip_model_keeps_its_state_dict_and_function():
+    """Both towers of an open_clip model (the text tower with its causal mask), float64."""
+    reference = create_model("infcl-tiny", seed=0).double()
+    packed = copy.deepcopy(reference)
+    # one vision and one text block; the vision tower's patch embedding
+    assert fast_tower_modules(packed) == {"attention": 2, "patch_embedding": 1}
+    assert list(packed.state_dict()) == list(reference.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    images = torch.randn(3, 3, 16, 16, dtype=torch.float64, generator=gen)
+    texts = torch.randint(1, 49408, (3, 16), generator=gen)
+    grads = []
+    for model in (reference, packed):
+        image, text = model.encode_image(images), model.encode_text(texts)
+        (image.square().sum() + (text * torch.arange(32, dtype=torch.float64)).sum()).backward()
+        grads.append((image.detach(), text.detach(), {k: p.grad for k, p in model.named_parameters()}))
+    (ir, tr, gr), (ip, tp, gp) = grads
+    assert _rel(ip, ir) < TOL and _rel(tp, tr) < TOL
+    for name, want in gr.items():
+        if want is not None:
+            assert _rel(gp[name], want) < TOL, name
+
+
+@pytest.mark.parametrize("n,channels,height,width,kernel,bias", [
+    (1, 3, 16, 16, 8, False),   # one image, two by two patches
+    (3, 3, 37, 29, 7, True),    # sizes that leave rows and columns over, as the convolution drops them
+    (2, 5, 30, 30, (5, 3), False),  # a rectangular kernel, 5 channels
+])
+def test_patch_embedding_gemm_matches_the_convolution(n, channels, height, width, kernel, bias):
+    torch.manual_seed(height)
+    conv = nn.Conv2d(channels, 12, kernel, stride=kernel, bias=bias).double()
+    gemm = copy.deepcopy(conv)
+    assert fast_tower_modules(gemm) == {"attention": 0, "patch_embedding": 1} and type(gemm) is PatchEmbeddingGemm
+    x = torch.randn(n, channels, height, width, dtype=torch.float64, requires_grad=True)
+    want, got = conv(x), gemm(x)
+    assert got.shape == want.shape and _rel(got, want) < TOL
+    dy = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad((want * dy).sum(), [x, *conv.parameters()]),
+                    torch.autograd.grad((got * dy).sum(), [x, *gemm.parameters()])):
+        assert _rel(b, a) < TOL
+
+
+def test_only_non_overlapping_convolutions_become_gemms():
+    kinds = nn.ModuleList([nn.Conv2d(3, 4, 4, stride=2), nn.Conv2d(3, 4, 3, stride=3, padding=1),
+                           nn.Conv2d(4, 4, 2, stride=2, groups=2), nn.Conv2d(3, 4, 2, stride=2, dilation=2),
+                           nn.Conv2d(3, 4, 2, stride=2)])
+    assert fast_tower_modules(kinds)["patch_embedding"] == 1
+    assert [type(m) for m in kinds] == [nn.Conv2d] * 4 + [PatchEmbeddingGemm]
