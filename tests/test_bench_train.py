@@ -91,3 +91,38 @@ def test_open_clip_train_logits_size_decides_rows_it_cannot_run():
     # 32k on one GPU fits (4 GiB); over 8 ranks each holds local x global; fp32 doubles it
     assert logits_bytes(32768, 1, "amp_bf16") == 4 * 2 ** 30
     assert logits_bytes(32768, 8, "fp32") == 2 * 4096 * 32768 * 4
+
+
+def test_open_clip_train_failure_names_its_error_line_not_the_compilers_exit_noise():
+    from infcl_ds.bench.open_clip_train import failure_line
+    # the H100 log of `--torchcompile` at --batch-size 1024: the error, then the compiler's cache statistics
+    log = "\n".join(["2026-11-25,14:13:50 | INFO | Start epoch 0",
+                     "Traceback (most recent call last):",
+                     '  File "open_clip_train/main.py", line 1, in main',
+                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.25 GiB. GPU 0 has a total "
+                     "capacity of 79.19 GiB of which 1.02 GiB is free.",
+                     "I1125 14:13:57.028000 1076 torch/_subclasses/fake_tensor.py:3434]   cache_bypasses:",
+                     "I1125 14:13:57.028000 1076 torch/_subclasses/fake_tensor.py:3437]     unsafe view: 144"])
+    assert failure_line(log).startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.25 GiB")
+    assert failure_line("ValueError: bad --model\nsome exit line") == "ValueError: bad --model"
+    assert failure_line("just logs\nno error") == ""
+
+
+def test_open_clip_train_row_of_a_run_out_of_memory_says_what_would_fit(monkeypatch):
+    from infcl_ds.bench.train import _open_clip_train_run
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("open_clip_train exited with 1: torch.OutOfMemoryError: CUDA out of memory.\nlog tail")
+
+    argv = ["--model", "ViT-B-16", "--batch-size", "1024", "--accum-freq", "32"]
+    row = _open_clip_train_run(out_of_memory, 1, argv, [], 2, 32768)
+    assert row["status"] == "out of memory"
+    assert row["error"] == "open_clip_train exited with 1: torch.OutOfMemoryError: CUDA out of memory."
+    assert "--batch-size 1024 does not fit" in row["reason"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("open_clip_train exited with 2: ValueError: bad --model\nlog tail")
+
+    row = _open_clip_train_run(broken, 1, argv, [], 1, 32768)
+    assert row["status"] == "failed" and row["error"].endswith("ValueError: bad --model")
+    assert row["log_tail"].endswith("log tail")

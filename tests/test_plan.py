@@ -119,11 +119,18 @@ def test_activation_count_matches_autograd_tiny(variant):
     assert got == pytest.approx(est.counted_activation_bytes(2, False, stat_bytes=2), rel=0.01)
 
 
-def test_activation_count_matches_autograd_vit_b16():
-    """ViT-B-16 as measured on the GPUs: the count is within 0.1% of autograd's saved tensors."""
+@pytest.mark.parametrize("towers", ["open_clip", "engine"])
+def test_activation_count_matches_autograd_vit_b16(towers):
+    """ViT-B-16 as measured on the GPUs: the count is within 0.1% of autograd's saved tensors,
+    for open_clip's own modules and for the ones the engine trains (engine/towers.py: attention
+    from the packed projection, the patch embedding as a GEMM, which save the same tensors)."""
+    from infcl_ds.engine.towers import fast_tower_modules
     from infcl_ds.models import create_model
     est = estimate_model("ViT-B-16")
-    got = _saved_bytes_per_sample(create_model("ViT-B-16"), est.image_size, est.context_length)
+    model = create_model("ViT-B-16")
+    if towers == "engine":
+        assert fast_tower_modules(model) == {"attention": 24, "patch_embedding": 1}
+    got = _saved_bytes_per_sample(model, est.image_size, est.context_length)
     assert got == pytest.approx(est.counted_activation_bytes(2, False, stat_bytes=2), rel=1e-3)
 
 

@@ -68,6 +68,18 @@ def launch_command(world: int, runner_args: List[str], argv: List[str], port: in
             "127.0.0.1", "--master_port", str(port), *runner]
 
 
+# The line that says why a run failed: a Python exception ("torch.OutOfMemoryError: CUDA out of
+# memory. Tried to allocate ...") or CUDA's own words; under --torchcompile the log's last lines
+# are the compiler's cache statistics, printed at exit after the error.
+_FAILURE_LINE = re.compile(r"^\S*(Error|Exception)\b.*|.*out of memory.*", re.IGNORECASE)
+
+
+def failure_line(output: str) -> str:
+    """The last line of a failed run's log that names its error ("" when none does)."""
+    lines = [line.strip() for line in output.splitlines() if _FAILURE_LINE.match(line.strip())]
+    return lines[-1] if lines else ""
+
+
 def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), timeout_s: float = 3600,
                         log: Optional[Path] = None) -> dict:
     """Run it; returns {"step_s": [...], "samples_per_s": [...], "wall_s", "command"} read from its
@@ -83,7 +95,8 @@ def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), 
     if log is not None:
         log.write_text(output)
     if proc.returncode != 0:
-        raise RuntimeError(f"open_clip_train exited with {proc.returncode}:\n{output[-3000:]}")
+        raise RuntimeError(f"open_clip_train exited with {proc.returncode}: {failure_line(output) or 'no error line'}"
+                           f"\n{output[-3000:]}")
     steps = [(float(a), float(b)) for a, b in STEP_LINE.findall(output)]
     return {"step_s": [s for s, _ in steps], "samples_per_s": [r for _, r in steps],
             "wall_s": time.monotonic() - started,

@@ -413,8 +413,14 @@ def _open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm: in
     try:
         run = run_open_clip_train(world, argv, free_port(), runner_args, timeout_s=1800)
     except RuntimeError as err:
-        return {"status": "out of memory" if "out of memory" in str(err).lower() else "failed",
-                "error": str(err)[-500:]}
+        # The message's first line names the error (open_clip_train.failure_line), its tail the log.
+        error = str(err).splitlines()[0]
+        if "out of memory" not in error.lower():
+            return {"status": "failed", "error": error, "log_tail": str(err)[-500:]}
+        per_rank = argv[argv.index("--batch-size") + 1]
+        return {"status": "out of memory", "error": error,
+                "reason": f"open_clip_train at --batch-size {per_rank} does not fit this GPU "
+                          f"(a smaller --open-clip-train-batch-size may)"}
     timed = run["step_s"][warm:]
     return {"status": "measured", "step_s": sum(timed) / len(timed), "samples_per_s": B * len(timed) / sum(timed),
             "first_step_s": run["step_s"][0], "steps_s": run["step_s"], "command": run["command"]}

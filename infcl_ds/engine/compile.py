@@ -8,6 +8,9 @@ static shapes: the engine's chunks all have one size, so a step compiles each to
 pass kind (no grad, with grad) and once more for a remainder chunk, never after the first step.
 `graphs_compiled()` counts the graphs, so a recompilation shows in the step's metrics.
 
+The towers compiled are those of engine/towers.py (packed attention, the patch embedding as a
+GEMM), which ContrastiveEngine.create swaps in first: compilation fuses around them.
+
 Not under ZeRO-3, whose per-module parameter gathering hooks would break the compiled graphs.
 Dropout in a compiled tower draws from the same generator state in both passes, but through
 the compiled graph's own random kernels: check such a model with `verify_replay` first.

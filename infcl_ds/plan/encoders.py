@@ -5,7 +5,8 @@ ViT-L-14 would take seconds and 1.7 GB): open_clip's VisionTransformer and TextT
 towers. Other towers (timm, Hugging Face, ResNet) are refused by name rather than guessed.
 
 Activations are counted tensor by tensor: what autograd saves for the backward in one
-open_clip ResidualAttentionBlock (batch-first nn.MultiheadAttention, which calls
+open_clip ResidualAttentionBlock (batch-first nn.MultiheadAttention, or the engine's packed form
+of it, engine/towers.py, which saves the same tensors; both call
 F.scaled_dot_product_attention: flash attention for the image tower, memory-efficient
 attention for the causally masked text tower; neither stores the s x s scores) and no
 dropout. Per token, in the compute dtype: the block input x (ln_1's), ln_1's output (the
