@@ -105,6 +105,10 @@ def test_open_clip_train_failure_names_its_error_line_not_the_compilers_exit_noi
                      "I1125 14:13:57.028000 1076 torch/_subclasses/fake_tensor.py:3437]     unsafe view: 144"])
     assert failure_line(log).startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.25 GiB")
     assert failure_line("ValueError: bad --model\nsome exit line") == "ValueError: bad --model"
+    # two ranks under torchrun: the rank's error, not torchrun's summary after it
+    assert failure_line("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB\n"
+                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:") == \
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB"
     assert failure_line("just logs\nno error") == ""
 
 

@@ -68,16 +68,20 @@ def launch_command(world: int, runner_args: List[str], argv: List[str], port: in
             "127.0.0.1", "--master_port", str(port), *runner]
 
 
-# The line that says why a run failed: a Python exception ("torch.OutOfMemoryError: CUDA out of
-# memory. Tried to allocate ...") or CUDA's own words; under --torchcompile the log's last lines
-# are the compiler's cache statistics, printed at exit after the error.
-_FAILURE_LINE = re.compile(r"^\S*(Error|Exception)\b.*|.*out of memory.*", re.IGNORECASE)
+# The lines that say why a run failed: a Python exception ("torch.OutOfMemoryError: CUDA out of
+# memory. Tried to allocate ...") or CUDA's own words. Under --torchcompile the log's last lines
+# are the compiler's cache statistics, printed at exit after the error; under torchrun a rank's
+# out-of-memory error comes before torchrun's own ChildFailedError.
+_ERROR_LINE = re.compile(r"^\S*(Error|Exception)\b")
 
 
 def failure_line(output: str) -> str:
-    """The last line of a failed run's log that names its error ("" when none does)."""
-    lines = [line.strip() for line in output.splitlines() if _FAILURE_LINE.match(line.strip())]
-    return lines[-1] if lines else ""
+    """The line of a failed run's log that names its error: the last that says out of memory,
+    else the last exception line ("" when none does)."""
+    lines = [line.strip() for line in output.splitlines()]
+    memory = [line for line in lines if "out of memory" in line.lower()]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    return (memory or errors or [""])[-1]
 
 
 def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), timeout_s: float = 3600,
