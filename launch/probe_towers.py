@@ -17,7 +17,7 @@ import time
 import torch
 
 from infcl_ds.engine.compile import compile_encoders
-from infcl_ds.engine.towers import PackedSelfAttention, PatchEmbeddingGemm, _is_patch_embedding, _packable, _swap_classes
+from infcl_ds.engine.towers import fast_tower_modules
 from infcl_ds.models import create_model
 
 VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark
@@ -35,10 +35,7 @@ def run(name, chunk, k, compiled, packed, patch_gemm, benchmark):
     torch._dynamo.reset()
     torch.backends.cudnn.benchmark = benchmark
     model = create_model(name, seed=0).cuda().bfloat16()
-    if packed:
-        _swap_classes(model, _packable, PackedSelfAttention)
-    if patch_gemm:
-        _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm)
+    fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
     if compiled:
         compile_encoders(model)
     size = model.visual.preprocess_cfg["size"]

@@ -133,3 +133,12 @@ def test_only_non_overlapping_convolutions_become_gemms():
                            nn.Conv2d(3, 4, 2, stride=2)])
     assert fast_tower_modules(kinds)["patch_embedding"] == 1
     assert [type(m) for m in kinds] == [nn.Conv2d] * 4 + [PatchEmbeddingGemm]
+
+
+def test_each_fast_forward_can_be_left_off():
+    """launch/probe_towers.py times the two apart: a switched-off kind keeps open_clip's class."""
+    model = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True), nn.Conv2d(3, 8, 4, stride=4))
+    assert fast_tower_modules(model, attention=False) == {"attention": 0, "patch_embedding": 1}
+    assert type(model[0]) is nn.MultiheadAttention and type(model[1]) is PatchEmbeddingGemm
+    assert fast_tower_modules(model, patch_embedding=False) == {"attention": 1, "patch_embedding": 0}
+    assert type(model[0]) is PackedSelfAttention

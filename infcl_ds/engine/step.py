@@ -83,6 +83,7 @@ class ContrastiveEngine:
         import deepspeed
 
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
+        from .towers import fast_tower_modules
         has_bias = getattr(model, "logit_bias", None) is not None
         if has_bias != (loss == "siglip"):
             raise ValueError("the sigmoid loss needs a model with a logit_bias (create_model(name, loss='siglip'))"
@@ -90,7 +91,6 @@ class ContrastiveEngine:
                              "this model has a logit_bias (a SigLIP model): train it with loss='siglip' "
                              "(recipe key model.loss)")
         promote_scalar_parameters(model)
-        from .towers import fast_tower_modules
         fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
         zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
         if compile_backend is not None:

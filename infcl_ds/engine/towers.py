@@ -90,8 +90,8 @@ def _swap_classes(model: nn.Module, wanted, new_class) -> int:
     return changed
 
 
-def fast_tower_modules(model: nn.Module) -> Dict[str, int]:
-    """Both fast forwards on `model`, in place; how many modules of each kind changed
-    (none the second time)."""
-    return {"attention": _swap_classes(model, _packable, PackedSelfAttention),
-            "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm)}
+def fast_tower_modules(model: nn.Module, attention: bool = True, patch_embedding: bool = True) -> Dict[str, int]:
+    """The fast forwards on `model` (both unless one is turned off: launch/probe_towers.py times
+    them apart), in place; how many modules of each kind changed (none the second time)."""
+    return {"attention": _swap_classes(model, _packable, PackedSelfAttention) if attention else 0,
+            "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm) if patch_embedding else 0}
