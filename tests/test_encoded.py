@@ -172,6 +172,28 @@ def test_a_dead_decode_worker_is_an_error_not_a_hang(shard, tokenizer):
     assert time.monotonic() - started < 30
 
 
+
+def test_a_decode_worker_dying_after_the_error_is_not_reported_again(shard, tokenizer):
+    """The broken pool stops at once: a worker that dies later (a CI run: after the DataError,
+    before the test's teardown) is not reported by torch's SIGCHLD handler as a RuntimeError
+    from wherever the main thread happens to be."""
+    from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
+    batch = first_batch(shard, tokenizer, "encoded", decode_workers=2)
+    batch.chunk(0, 8, torch.device("cpu"))
+    first, *others = batch.decoder._loader._iterator._workers
+    os.kill(first.pid, signal.SIGKILL)
+    with pytest.raises(DataError, match="decoding local batch rows"):
+        for lo in range(8, SAMPLES, 8):
+            batch.chunk(lo, lo + 8, torch.device("cpu"))
+    for worker in others:  # still running unless the pool was stopped
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    _error_if_any_worker_fails()  # the handler's own check: raises for a watched dead worker
+
+
 def test_worker_pools_are_forked_before_any_batch_and_do_not_pin_freed_batches(tmp_path, tokenizer):
     """A process forked while the trainer holds a local batch keeps that batch's pages for its
     life (on a GPU: a 512k run took one local batch, 15 GiB, more host memory than planned).

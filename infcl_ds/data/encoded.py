@@ -113,7 +113,7 @@ class ChunkDecoder:
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
         self._sampler = SettableSampler()
-        self._loader, self._closed = None, False
+        self._loader, self._closed = None, None  # _closed: why the pool ended, once it has
         if workers > 0:
             self._loader = DataLoader(self.pieces, batch_size=None, sampler=self._sampler, num_workers=workers,
                                       persistent_workers=True, prefetch_factor=DECODE_PREFETCH,
@@ -124,7 +124,7 @@ class ChunkDecoder:
         """Decoded pieces for `requests`, in order, decoded ahead by the pool. Starting a new
         stream abandons the previous one."""
         if self._closed:
-            raise DataError("the decode pool was closed (TrainData.close): its batches cannot be decoded")
+            raise DataError(f"the decode pool {self._closed}: its batches cannot be decoded")
         if self._loader is None:
             return (self.pieces[request] for request in requests)
         self._sampler.requests = requests
@@ -133,9 +133,12 @@ class ChunkDecoder:
     def decode_now(self, request):
         return self.pieces[request]
 
-    def close(self) -> None:
-        """End the decode workers (sampler.stop_workers says why not at garbage collection)."""
-        self._closed = True
+    def close(self, why: str = "was closed (TrainData.close)") -> None:
+        """End the decode workers (sampler.stop_workers says why not at garbage collection).
+        Also after a worker died: the pool cannot go on, and torch's SIGCHLD handler would
+        otherwise report each dead worker again, as a RuntimeError from wherever the main
+        thread happens to be when a later signal comes (a checkpoint's write, the shutdown)."""
+        self._closed = why
         if self._loader is not None:
             stop_workers(self._loader)
 
@@ -203,20 +206,26 @@ class EncodedBatch:
             return [self.decoder.decode_now(self._request(a, b)) for a, b in wanted]
         del self._plan[:len(wanted)]
         started = time.perf_counter()
-        try:
-            pieces = [next(self._stream) for _ in wanted]
-        except DataError:  # unusable data, raised in a worker: its own message
-            raise
-        # A dead or stalled decode worker: torch's RuntimeError, or, when it died while handing
-        # a piece over, the broken connection that carried the piece's descriptor.
-        except (RuntimeError, StopIteration, OSError, EOFError) as err:
-            raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from err
+        pieces = [next(self._stream) for _ in wanted]
         self.decode_wait_s += time.perf_counter() - started
         return pieces
 
     def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
-        their tokens) replaced; on `device` (default: the host)."""
+        their tokens) replaced; on `device` (default: the host). A dead or stalled decode worker
+        is a DataError, and the pool stops (ChunkDecoder.close says why)."""
+        try:
+            return self._decoded(lo, hi, device)
+        except DataError:  # unusable data, raised in a worker: its own message
+            raise
+        # torch's RuntimeError ("DataLoader worker ... killed", "DataLoader timed out"), raised by
+        # the pool's iterator or by its SIGCHLD handler anywhere in this call; or, when a worker
+        # died while handing a piece over, the broken connection that carried its descriptor.
+        except (RuntimeError, StopIteration, OSError, EOFError) as err:
+            self.decoder.close(why=f"stopped when decoding local batch rows {lo}-{hi - 1} failed")
+            raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from err
+
+    def _decoded(self, lo: int, hi: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
         images, rows = [], []
         for row0, pixels, source, replaced in self._pieces(lo, hi):
             images.append(pixels if device is None else pixels.to(device, non_blocking=True))
