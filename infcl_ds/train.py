@@ -69,6 +69,21 @@ def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: i
     return recipe_with(recipe, "batch", chunk=chunk)
 
 
+def resolve_auto_keep(recipe: Recipe, world: int, device: torch.device) -> Recipe:
+    """The recipe with `data.keep_decoded_gib: auto` replaced by the planner's choice for this GPU
+    (plan.auto_keep_gib; AUTO_KEEP_CPU_GIB on CPU ranks). Ranks may differ: what a rank keeps
+    changes how often it decodes, never its pixels."""
+    from .plan.plan import AUTO_KEEP_CPU_GIB, auto_keep_gib, recipe_with
+    if recipe.data.keep_decoded_gib != "auto":
+        return recipe
+    if device.type == "cuda":
+        gib = auto_keep_gib(recipe, world, torch.cuda.get_device_properties(device).total_memory,
+                            max(1, torch.cuda.device_count()))
+    else:
+        gib = AUTO_KEEP_CPU_GIB
+    return recipe_with(recipe, "data", keep_decoded_gib=gib)
+
+
 class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
@@ -123,7 +138,9 @@ class Trainer:
             grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
             compile_backend="inductor" if recipe.compiles(self.device.type) else None)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
-        self.data = build_train_data(recipe.data.model_dump(), rank=self.rank, world_size=self.world,
+        # keep_decoded_gib: auto resolved for this rank's device only (the recipe keeps "auto").
+        data_spec = resolve_auto_keep(recipe, self.world, self.device).data.model_dump()
+        self.data = build_train_data(data_spec, rank=self.rank, world_size=self.world,
                                      local_batch=recipe.local_batch(self.world), seed=recipe.model.seed,
                                      image_size=self.info["image_size"], tokenizer=self.tokenizer,
                                      mean=self.info["mean"], std=self.info["std"])

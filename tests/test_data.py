@@ -303,7 +303,7 @@ def test_a_stream_stuck_in_its_loader_is_not_restarted_under_it(id_shards, token
 def test_close_ends_both_worker_pools(id_shards, tokenizer):
     data = build(id_spec(id_shards, workers=2, decode_workers=2), tokenizer, local_batch=8)
     next(iter(data))
-    workers = data._loader._iterator._workers + data.decoder._loader._iterator._workers
+    workers = data._loader._iterator._workers + data.decoder.pool._procs
     assert len(workers) == 4 and all(w.is_alive() for w in workers)
     data.close()
     assert not any(w.is_alive() for w in workers)

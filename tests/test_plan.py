@@ -243,12 +243,32 @@ def test_offload_is_offered_when_the_encoder_pass_is_over(rates):
     """Offload takes the feature gradients out of the encoder pass and the reduction, not the
     loss (it needs the features on the GPU): a remedy when the encoder pass is the phase over
     (chunk 64: its activations outweigh the reduction's 1.9 GiB of ZeRO buckets)."""
-    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=16384", "batch.chunk=64"])
+    # Nothing kept decoded: kept chunks (auto) would fill whatever memory the plan is given.
+    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=16384", "batch.chunk=64",
+                                "data.keep_decoded_gib=0"])
     fitting = make_plan(recipe, 2, 80 * GIB, rates=rates)
     assert fitting.gpu.peak_phase == mem.ENCODER_PASS
     plan = make_plan(recipe, 2, fitting.peak_gpu_bytes - 1, rates=rates)
     assert not plan.fits and plan.binding == "GPU memory"
     assert "set batch.offload_features=true" in plan.remedies
+
+
+def test_auto_keeps_every_chunk_where_it_fits_and_whole_chunks_in_what_is_left(rates):
+    """data.keep_decoded_gib: auto (the default) keeps the whole local batch decoded where the
+    GPU has room (ViT-B-16 at 32k on one 141 GB GPU), whole chunks of it in what the chunk
+    leaves on a smaller GPU, and nothing where nothing is left."""
+    from infcl_ds.plan.plan import AUTO_CHUNK_MEMORY_SHARE, auto_keep_gib
+    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=32768", "batch.chunk=1024",
+                                "data.source=synthetic"])
+    row = 3 * 224 ** 2
+    big = make_plan(recipe, 1, 141 * GIB, rates=rates)
+    assert big.gpu.components[mem.PIXELS_KEPT] == 32768 * row and big.inputs.needed * big.time.total == 32768
+    bare = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=32768", "batch.chunk=1024",
+                                        "data.keep_decoded_gib=0"]), 1, 80 * GIB, rates=rates).peak_gpu_bytes
+    smaller = int((bare + 16.5 * 1024 * row) / AUTO_CHUNK_MEMORY_SHARE)  # room for 16.5 chunks
+    kept = int(auto_keep_gib(recipe, 1, smaller) * GIB) // row
+    assert kept == 16 * 1024
+    assert auto_keep_gib(recipe, 1, int(bare / AUTO_CHUNK_MEMORY_SHARE)) == 0
 
 
 def test_kept_decoded_chunks_over_the_gpu_are_blamed_and_lowered(rates):
@@ -299,7 +319,8 @@ def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
     assert plan.fits and plan.image_bytes == mem.DEFAULT_IMAGE_BYTES
     assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
-    assert plan.host[mem.DECODING] == 8 * (2 * 7 * 4 * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))  # 7 decode processes
+    # The decode pool's window: 4 GiB of 224 px rows (28,532), in slots of 32 rows, and 7 processes' heaps.
+    assert plan.host[mem.DECODING] == 8 * (892 * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))
     assert plan.host_bytes < decoded.host_bytes / 3
     assert plan.step_seconds > 0 and plan.time.hop is not None and plan.time.hop.hidden
     assert main(["--config", str(RECIPES / "vit-l14-12m-32gpu.yaml"), "--gpu-memory", "80GiB"]) == 0
@@ -506,8 +527,11 @@ def test_a_fitting_zero3_recipe_is_told_when_zero2_fits_too(capsys):
     assert plan.fits and len(plan.advice) == 1 and plan.advice[0].startswith("zero.stage=2 also fits (")
     assert make_plan(load_recipe(recipe), 8, 80 * GIB).advice == ()  # ZeRO-2 already
     # Where only ZeRO-3 fits, no advice: ViT-L-14 on 16 GB GPUs with checkpointing.
-    tight = load_recipe(recipe, ["zero.stage=3", "model.grad_checkpointing=true", "batch.chunk=16"])
-    two_of = load_recipe(recipe, ["zero.stage=2", "model.grad_checkpointing=true", "batch.chunk=16"])
+    # Nothing kept decoded: kept chunks (auto) would fill whatever memory the plan is given.
+    tight = load_recipe(recipe, ["zero.stage=3", "model.grad_checkpointing=true", "batch.chunk=16",
+                                 "data.keep_decoded_gib=0"])
+    two_of = load_recipe(recipe, ["zero.stage=2", "model.grad_checkpointing=true", "batch.chunk=16",
+                                  "data.keep_decoded_gib=0"])
     three_peak = make_plan(tight, 8, 80 * GIB).peak_gpu_bytes
     two_peak = make_plan(two_of, 8, 80 * GIB).peak_gpu_bytes
     assert three_peak < two_peak  # ZeRO-2's unsharded bf16 weights

@@ -75,14 +75,20 @@ def _engine(args, impl, rank, world, device):
                                     compile_backend="inductor" if args.compile else None)
 
 
-def _recipe(args, world, args_batch):
+def _recipe(args, world, args_batch, data="synthetic"):
     from ..config import load_recipe
+    # Synthetic: the pool is held decoded, so the plan has no decoding to wait for. JPEG: the
+    # trainer's encoded host batches from the shards, decoded by the recipe's pool.
+    inputs = (["data.host_batch=decoded"] if data == "synthetic" else
+              ["data.source=webdataset", f"data.train={args.shards}", "data.host_batch=encoded",
+               f"data.decode_workers={args.decode_workers}", f"data.decoder={args.decoder}",
+               f"data.workers={args.read_workers}", f"data.keep_decoded_gib={args.keep_decoded_gib}",
+               f"data.decode_window_gib={args.decode_window_gib}"])
     return load_recipe(None, [f"model.name={args.model}", f"batch.global={args_batch}", f"batch.chunk={args.chunk}",
                               f"zero.stage={args.zero}", "precision.dtype=bf16",
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
                               f"batch.offload_features={str(args.offload_features).lower()}",
-                              # The pool is held decoded: the plan has no decoding to wait for.
-                              "data.host_batch=decoded", f"model.compile={str(args.compile).lower()}", *args.set])
+                              *inputs, f"model.compile={str(args.compile).lower()}", *args.set])
 
 
 def _resolve_chunk(args, world):
@@ -100,13 +106,13 @@ def _resolve_chunk(args, world):
     return chunk
 
 
-def _prediction(args, B, world):
+def _prediction(args, B, world, data="synthetic"):
     """The planner's per-GPU peak for this configuration, with its runtime reserve and
     without (what torch allocates), and its step time; {} if it cannot say."""
     from ..plan import make_plan
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 80 * 2**30
     try:
-        plan = make_plan(_recipe(args, world, B), world, total, gpus_per_node=world)
+        plan = make_plan(_recipe(args, world, B, data), world, total, gpus_per_node=world)
     except ValueError as err:  # PlanError: e.g. no rates for this model
         print(f"planner: {err}", flush=True)
         return {}
@@ -142,6 +148,56 @@ def _timed_steps(step_engine, batch, steps, device):
         print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples: {times[-1]:.2f} s{' (untimed)' if i == 0 else ''}",
               flush=True)
     return times[0], times[1:], float(loss)
+
+
+class _JpegBatches:
+    """This rank's local batches from JPEG shards, as the trainer builds them (encoded host
+    batches, the decode pool, keep_decoded_gib resolved for this GPU)."""
+
+    def __init__(self, args, B, world, rank, info, device):
+        from open_clip import get_tokenizer
+        from ..data import build_train_data
+        from ..train import resolve_auto_keep
+        recipe = resolve_auto_keep(_recipe(args, world, B, "jpeg"), world, device)
+        self.keep_decoded_gib = recipe.data.keep_decoded_gib
+        self.data = build_train_data(recipe.data.model_dump(), rank=rank, world_size=world, local_batch=B // world,
+                                     seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
+                                     mean=info["mean"], std=info["std"])
+        self._batches = self._forever()
+
+    def _forever(self):
+        while True:  # epoch after epoch, as the trainer reads them
+            yield from self.data
+            self.data.set_epoch(self.data.epoch + 1)
+
+    def next(self):
+        return next(self._batches)
+
+    def close(self):
+        self._batches.close()
+        self.data.close()
+
+
+def _timed_data_steps(step_engine, batches, steps, device):
+    """As _timed_steps, each step on the next local batch of `batches`; also the seconds each
+    timed step waited for decoded pixels."""
+    times, waits = [], []
+    for i in range(steps + 1):
+        batch = batches.next()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            if i == 1:
+                torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        loss = step_engine.train_step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        waits.append(batch.decode_wait_s)
+        print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples from JPEG: {times[-1]:.2f} s, waited "
+              f"{waits[-1]:.2f} s for decoding{' (untimed)' if i == 0 else ''}", flush=True)
+        del batch  # as the trainer: the next one is assembled meanwhile, a third is never held
+    return times[0], times[1:], float(loss), waits[1:]
 
 
 def _profiled_step(step_engine, batch, rank):
@@ -213,11 +269,11 @@ def _worker(rank, world, args, port, ident):
         if check and rank == 0:
             print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e}, "
                   f"gradients {check['gradient_rel_diff']:.2e} ({check['worst_parameter']})", flush=True)
-        for B in parse_sizes(args.batch):
+        for B, data in ((B, data) for B in parse_sizes(args.batch) for data in args.data.split(",")):
             local = B // world
             row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
                    "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "compile": args.compile,
-                   "status": "measured", **({"compile_check": check} if check else {}),
+                   "data": data, "status": "measured", **({"compile_check": check} if check else {}),
                    **({"set": args.set} if args.set else {})}
             if impl == "open_clip" and B > parse_sizes(args.open_clip_max_batch)[0]:
                 # Its B/W x B logits per rank: 64 GiB in bf16 at 256k on 2 GPUs, before softmax.
@@ -228,8 +284,19 @@ def _worker(rank, world, args, port, ident):
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                batch = CyclingHostBatch(local, *pool)
-                first, timed, loss = _timed_steps(step_engine, batch, args.steps, device)
+                if data == "jpeg":
+                    batches = _JpegBatches(args, B, world, rank, info, device)
+                    try:
+                        first, timed, loss, waits = _timed_data_steps(step_engine, batches, args.steps, device)
+                    finally:
+                        batches.close()
+                    wait = group_max(sum(waits) / len(waits))
+                    row.update(decoder=args.decoder, decode_workers=args.decode_workers,
+                               keep_decoded_gib=batches.keep_decoded_gib, decode_wait_s=wait,
+                               decode_wait_share=wait / group_max(sum(timed) / len(timed)))
+                else:
+                    batch = CyclingHostBatch(local, *pool)
+                    first, timed, loss = _timed_steps(step_engine, batch, args.steps, device)
                 seconds = group_max(sum(timed) / len(timed))
                 phases = step_engine.phases.last
                 row.update(step_s=seconds, first_step_s=group_max(first), steps_s=timed, loss=loss,
@@ -246,8 +313,8 @@ def _worker(rank, world, args, port, ident):
                     free, total = torch.cuda.mem_get_info()
                     row["device_used_mib"] = group_max((total - free) / 2**20)
                 if impl == "infcl_ds":
-                    row.update(_prediction(args, B, world))
-                if args.profile and cuda:  # one more step, after the timed ones: nothing compiles in it
+                    row.update(_prediction(args, B, world, data))
+                if args.profile and cuda and data == "synthetic":  # one more step, after the timed ones: nothing compiles in it
                     row["profile"] = _profiled_step(step_engine, batch, rank)
             except Exception as err:  # noqa: BLE001
                 if not is_oom(err):
@@ -271,7 +338,7 @@ def _worker(rank, world, args, port, ident):
 def row_key(row):
     """What a row measured: a later run of the same configuration replaces it (--append)."""
     return (row.get("impl"), row.get("model"), row.get("B"), row.get("world"), bool(row.get("compile")), row.get("zero"),
-            tuple(row.get("set", ())))
+            tuple(row.get("set", ())), row.get("data", "synthetic"))
 
 
 def plot_train_rows(out: Path) -> None:
@@ -357,10 +424,24 @@ def main(argv=None):
                    help="one more step under torch.profiler (CUDA): GPU time per kernel kind in the row")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe keys for this engine's rows, e.g. zero.overrides={...} (repeatable)")
+    p.add_argument("--data", default="synthetic",
+                   help="comma list: synthetic (a pinned pool of random pixels) and/or jpeg (--shards, decoded "
+                        "as the trainer decodes them; open_clip_train reads the same shards)")
+    p.add_argument("--shards", help="JPEG WebDataset shards for --data jpeg (a brace pattern or a directory; "
+                                    "e.g. from infcl-ds data photos)")
+    p.add_argument("--decode-workers", type=int, default=14, help="--data jpeg: data.decode_workers")
+    p.add_argument("--read-workers", type=int, default=2, help="--data jpeg: data.workers (shard readers)")
+    p.add_argument("--decoder", default="pil", help="--data jpeg: data.decoder")
+    p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
+    p.add_argument("--decode-window-gib", type=float, default=4.0, help="--data jpeg: data.decode_window_gib")
+    p.add_argument("--open-clip-train-workers", type=int, default=None,
+                   help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
     p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")
     p.add_argument("--out", default="docs/benchmarks/train.json")
     args = p.parse_args(argv)
+    if "jpeg" in args.data.split(",") and not args.shards:
+        p.error("--data jpeg needs --shards (e.g. made by: infcl-ds data photos --out DIR)")
     if args.profile and not torch.cuda.is_available():
         print("bench train: --profile times CUDA kernels; on this machine (no CUDA) it is ignored", file=sys.stderr)
     args.argv = argv
@@ -387,25 +468,36 @@ def open_clip_train_rows(args, world: int) -> None:
     runner_args = ["--model-config-dir", str(CONFIG_DIR)]
     old = json.loads(out.read_text()) if args.append and out.is_file() else {"meta": {}, "rows": []}
     rows = old["rows"]
-    for B in parse_sizes(args.batch):
-        for mode in args.open_clip_train_modes.split(","):
-            compiled, warm = mode == "compile", 2 if mode == "compile" else 1
-            argv = open_clip_train_args(args.model, B, world, args.open_clip_train_batch_size, warm + args.steps,
-                                        compiled, "amp_bf16" if cuda else "fp32", 12 if cuda else 1, cuda)
-            row = {"impl": "open_clip_train", "model": args.model, "B": B, "world": world, "compile": compiled,
-                   "zero": None, **ident}
-            need = logits_bytes(B, world, "amp_bf16" if cuda else "fp32")
-            device_bytes = torch.cuda.get_device_properties(0).total_memory if cuda else None
-            if device_bytes is not None and need > device_bytes:  # not run: it cannot fit
-                row.update(status="does not fit", reason=f"its two {B // world:,} x {B:,} logits matrices need "
-                           f"{need / 2**30:,.0f} GiB of the GPU's {device_bytes / 2**30:,.1f} GiB")
-            else:
-                row.update(_open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm, B))
-            rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
-            print(f"open_clip_train {mode:7s} B={B:>8d}: {row.get('samples_per_s', row['status'])} "
-                  f"{row.get('reason', '')}", flush=True)
-            write_rows(out, rows, {**old["meta"], **ident})
+    workers = args.open_clip_train_workers or (12 if cuda else 1)
+    for B, data, mode in ((B, d, m) for B in parse_sizes(args.batch) for d in args.data.split(",")
+                          for m in args.open_clip_train_modes.split(",")):
+        compiled, warm = mode == "compile", 2 if mode == "compile" else 1
+        source = None if data == "synthetic" else open_clip_train_shards(args.shards)
+        argv = open_clip_train_args(args.model, B, world, args.open_clip_train_batch_size, warm + args.steps,
+                                    compiled, "amp_bf16" if cuda else "fp32", workers, cuda, data=source)
+        row = {"impl": "open_clip_train", "model": args.model, "B": B, "world": world, "compile": compiled,
+               "zero": None, "data": data, "decode_workers": workers if data == "jpeg" else None, **ident}
+        need = logits_bytes(B, world, "amp_bf16" if cuda else "fp32")
+        device_bytes = torch.cuda.get_device_properties(0).total_memory if cuda else None
+        if device_bytes is not None and need > device_bytes:  # not run: it cannot fit
+            row.update(status="does not fit", reason=f"its two {B // world:,} x {B:,} logits matrices need "
+                       f"{need / 2**30:,.0f} GiB of the GPU's {device_bytes / 2**30:,.1f} GiB")
+        else:
+            row.update(_open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm, B))
+        rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
+        print(f"open_clip_train {mode:7s} {data:9s} B={B:>8d}: {row.get('samples_per_s', row['status'])} "
+              f"{row.get('reason', '')}", flush=True)
+        write_rows(out, rows, {**old["meta"], **ident})
     plot_train_rows(out)
+
+
+def open_clip_train_shards(shards: str) -> list:
+    """open_clip_train's data arguments for the same shards: its WebDataset loader takes a brace
+    pattern (a directory is listed as one)."""
+    from ..data.webdataset_source import expand_shards
+    paths = expand_shards(shards)
+    pattern = shards if "{" in shards else "::".join(str(p) for p in paths)
+    return ["--dataset-type", "webdataset", "--train-data", pattern]
 
 
 def _open_clip_train_run(run_open_clip_train, world, argv, runner_args, warm: int, B: int) -> dict:

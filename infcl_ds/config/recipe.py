@@ -62,8 +62,13 @@ class DataSection(Section):
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) is faster, with pixels close to PIL's (data/device_decode.py).
     decoder: Literal["pil", "torchvision"] = "pil"
-    keep_decoded_gib: NonNegativeFloat = 0.0     # encoded: GPU memory keeping the first pass's decoded chunks
-                                                 # for the grad pass (those are decoded once per step, not twice)
+    # encoded: GPU memory keeping the first pass's decoded chunks for the grad pass (those are
+    # decoded once per step, not twice). auto: as much of the local batch as the planner finds
+    # room for beside the chunk (plan.auto_keep_gib); 0: decode in both passes.
+    keep_decoded_gib: Union[Literal["auto"], NonNegativeFloat] = "auto"
+    # encoded: host memory per rank for decoded rows waiting to be used (the decode pool's window,
+    # at most a local batch): the pool decodes ahead, across passes and steps, until it is full.
+    decode_window_gib: Annotated[float, Field(gt=0)] = 4.0
     image_bytes: Optional[PositiveInt] = None    # encoded: mean stored bytes per image, for the planner
                                                  # (default: measured from the shards where readable)
 

@@ -1,33 +1,34 @@
 """Local batches held as the shards store them (a JPEG of ~10-30 KB, not 147 KB of 224 px
-pixels), decoded chunk by chunk in each of the engine's two passes by a pool of processes.
+pixels), decoded chunk by chunk in the order the engine announces, by a pool of processes
+(decode_pool.py) that decodes ahead without idling at pass or step boundaries.
 
-The engine asks for chunks in a fixed order (every chunk without grad, then with grad): a batch
-queues that order with the pool at its first request, and decodes a request out of that order
-in the calling process (slower, same pixels). Both passes see bit-identical pixels: the same
-bytes, augmented under the same per-slot seed (transforms.transform_image).
+The engine announces each batch's order (`EncodedBatch.schedule`: its chunks, in one pass or
+two); chunks kept on the device between the passes are not decoded again. The pool remembers
+the order and plans the next batch with it as soon as that batch is assembled, so during a
+step's grad pass it already decodes the next step's first chunks. A request out of the planned
+order is decoded in the calling process (slower, same pixels). Every decode of a row gives
+bit-identical pixels: the same bytes, augmented under the same per-slot seed
+(transforms.transform_image).
 """
+import itertools
+import threading
 import time
-from typing import Iterator, List, Optional, Sequence, Tuple
+import weakref
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .batch import normalize
+from .decode_pool import DECODE_PIECE_ROWS, DecodePool, DecodePoolError
 from .errors import DataError
-from .sampler import SettableSampler, start_workers, stop_workers
 from .samples import SkipSample, decode_image, load_or_replace
 from .transforms import transform_image
 
-# Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
-# ready soon, large enough that a task's overhead (pickling its bytes, one result) is amortised.
-DECODE_PIECE_ROWS = 32
-# Decoded pieces in flight per decode worker (DataLoader's prefetch_factor).
-DECODE_PREFETCH = 4
-# Seconds a rank waits for one decoded piece before it gives up with an error naming the rows.
-DECODE_TIMEOUT_S = 600
-# Passes of the engine over each local batch: without grad, then with grad (engine/step.py).
+# Passes of the engine over a local batch of several chunks when it announced nothing: without
+# grad, then with grad (engine/step.py).
 ENGINE_PASSES = 2
 
 
@@ -96,15 +97,25 @@ class DecodePieces(Dataset):
         return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
 
 
-class ChunkDecoder:
-    """A rank's decode pool: `workers` processes (0: decode in the calling process), started
-    here, before any batch exists (sampler.SettableSampler says why), and kept for the run
-    (DataLoader's persistent workers, which also turn a worker's death or a stall past
-    DECODE_TIMEOUT_S into an error in the rank). `decoder`:
-    "pil" (open_clip's pixels exactly) or "torchvision" (torchvision.io's decoder and torch's
-    resize on `device`, the same crops: data.decoder)."""
+class _InProcess:
+    """A piece decoded in the calling process, shaped like decode_pool.Decoded."""
 
-    def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu"):
+    def __init__(self, result):
+        self.row0, self.pixels, self.source, self.replaced = result
+
+    def release(self, after=None) -> None:
+        pass
+
+
+class ChunkDecoder:
+    """A rank's decoding: `workers` processes (0: decode in the calling process) started here,
+    before any batch exists (sampler.SettableSampler says why), and kept for the run, with a
+    window of `window_rows` decoded rows (decode_pool.py). `decoder`: "pil" (open_clip's
+    pixels exactly) or "torchvision" (torchvision.io's decoder and torch's resize on `device`,
+    the same crops: data.decoder)."""
+
+    def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
+                 image_size: Optional[int] = None, window_rows: int = 0):
         if decoder == "pil":
             self.pieces = DecodePieces(transform, seed)
         elif decoder == "torchvision":
@@ -112,35 +123,70 @@ class ChunkDecoder:
             self.pieces = DevicePieces(transform, seed, device)
         else:
             raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
-        self._sampler = SettableSampler()
-        self._loader, self._closed = None, None  # _closed: why the pool ended, once it has
+        self.pool = None
         if workers > 0:
-            self._loader = DataLoader(self.pieces, batch_size=None, sampler=self._sampler, num_workers=workers,
-                                      persistent_workers=True, prefetch_factor=DECODE_PREFETCH,
-                                      pin_memory=torch.cuda.is_available(), timeout=DECODE_TIMEOUT_S)
-            start_workers(self._loader)
+            if image_size is None:
+                raise ValueError("a decode pool needs the image size (its window's slots)")
+            slots = -(-window_rows // DECODE_PIECE_ROWS)
+            self.pool = DecodePool(self.pieces, workers, slots, (3, image_size, image_size))
+        self._lock = threading.Lock()
+        self._schedule = None  # (rows, passes): the engine's last announced order
+        self._waiting: List[weakref.ref] = []  # batches assembled before any order was known
+        self._serials = itertools.count()
+        self._closed = None
 
-    def stream(self, requests: Iterator) -> Iterator:
-        """Decoded pieces for `requests`, in order, decoded ahead by the pool. Starting a new
-        stream abandons the previous one."""
+    @property
+    def pids(self) -> List[int]:
+        return self.pool.pids if self.pool is not None else []
+
+    def register(self, batch: "EncodedBatch") -> int:
+        """A new batch: planned now with the last announced order if it has the same rows, else
+        when the engine announces one. Returns the batch's serial number in the pool."""
+        serial = next(self._serials)
+        if self.pool is not None:
+            weakref.finalize(batch, self.pool.forget, serial)
+        with self._lock:
+            known = self._schedule
+            if known is None or known[0] != len(batch):
+                self._waiting.append(weakref.ref(batch))
+                known = None
+        if known is not None:
+            batch._plan(known[1], serial)
+        return serial
+
+    def announce(self, batch: "EncodedBatch", passes) -> None:
+        """The engine's order for `batch` (and, until it says otherwise, for the batches after it)."""
+        with self._lock:
+            self._schedule = (len(batch), passes)
+            waiting, self._waiting = [ref() for ref in self._waiting], []
+        batch._plan(passes)
+        for other in waiting:  # in the order they were assembled
+            if other is not None and other is not batch:
+                if len(other) == len(batch):
+                    other._plan(passes)
+                else:
+                    with self._lock:
+                        self._waiting.append(weakref.ref(other))
+
+    def plan(self, serial: int, pieces) -> None:
+        if self.pool is not None:
+            self.pool.plan(serial, pieces)
+
+    def take(self, serial: int, lo: int, hi: int, request, pin: bool):
+        """Rows [lo, hi) decoded: from the pool when planned, else here."""
         if self._closed:
             raise DataError(f"the decode pool {self._closed}: its batches cannot be decoded")
-        if self._loader is None:
-            return (self.pieces[request] for request in requests)
-        self._sampler.requests = requests
-        return iter(self._loader)
+        got = self.pool.take(serial, lo, hi, pin) if self.pool is not None else None
+        return got if got is not None else _InProcess(self.pieces[request()])
 
     def decode_now(self, request):
         return self.pieces[request]
 
     def close(self, why: str = "was closed (TrainData.close)") -> None:
-        """End the decode workers (sampler.stop_workers says why not at garbage collection).
-        Also after a worker died: the pool cannot go on, and torch's SIGCHLD handler would
-        otherwise report each dead worker again, as a RuntimeError from wherever the main
-        thread happens to be when a later signal comes (a checkpoint's write, the shutdown)."""
+        """End the decode workers now (not at garbage collection, wherever that happens)."""
         self._closed = why
-        if self._loader is not None:
-            stop_workers(self._loader)
+        if self.pool is not None:
+            self.pool.close(why)
 
 
 def _cut(lo: int, hi: int) -> List[Tuple[int, int]]:
@@ -164,23 +210,23 @@ class EncodedBatch:
         self._start = np.concatenate([(s.cumsum(0) - s).numpy() for s in sizes])
         self.epoch, self.decoder = epoch, decoder
         self.mean, self.std = tuple(mean), tuple(std)
-        self._plan: Optional[List[Tuple[int, int]]] = None  # the pieces the stream will deliver, in order
-        self._stream: Optional[Iterator] = None
         # Chunks within the first `keep_rows` rows stay decoded on their device from the first
         # pass to the second (data.keep_decoded_gib): decoded once per step instead of twice.
         self.keep_rows = keep_rows
         self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
         self._asked = set()           # chunks requested once already
+        self._planned = None          # the pieces planned with the pool, in order
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
         self._counted = set()
+        self._serial = decoder.register(self)
 
     def __len__(self) -> int:
         return len(self.indices)
 
     @property
     def nbytes(self) -> int:
-        """Host bytes this batch holds: encoded images, tokens and the row tables."""
+        """Host bytes this batch holds: encoded images, tokens and the row table."""
         return (sum(b.numel() for b in self._blobs) + self.texts.numel() * self.texts.element_size()
                 + 8 * len(self.indices) + self._piece.nbytes + self._size.nbytes + self._start.nbytes)
 
@@ -188,58 +234,68 @@ class EncodedBatch:
         rows = zip(self._piece[lo:hi].tolist(), self._start[lo:hi].tolist(), self._size[lo:hi].tolist())
         return lo, [self._blobs[p][s:s + n].numpy().tobytes() for p, s, n in rows], self.epoch, self.indices[lo:hi]
 
-    def _start_stream(self, chunk_rows: int) -> None:
-        """Queue every piece of the engine's order of requests: each pass, every chunk of
-        `chunk_rows` rows in order, each chunk cut into pieces of DECODE_PIECE_ROWS."""
-        n = len(self)
-        chunks = [(lo, min(lo + chunk_rows, n)) for lo in range(0, n, chunk_rows)]
-        first = [p for lo, hi in chunks for p in _cut(lo, hi)]
-        again = [p for lo, hi in chunks if hi > self.keep_rows for p in _cut(lo, hi)]  # kept chunks: decoded once
-        self._plan = first + again * (ENGINE_PASSES - 1)
-        self._stream = self.decoder.stream(self._request(lo, hi) for lo, hi in list(self._plan))
+    def schedule(self, passes: Sequence[Sequence[Tuple[int, int]]]) -> None:
+        """The engine's order: `passes`, each a list of (lo, hi) chunks in the order it will ask
+        for them (one pass for a batch of one chunk). Chunks kept between the passes
+        (keep_rows) are decoded once."""
+        self.decoder.announce(self, [list(map(tuple, chunks)) for chunks in passes])
 
-    def _pieces(self, lo: int, hi: int) -> List[tuple]:
-        if self._plan is None:
-            self._start_stream(hi - lo)
-        wanted = _cut(lo, hi)
-        if self._plan[:len(wanted)] != wanted:  # not the order queued: decode here, same pixels
-            return [self.decoder.decode_now(self._request(a, b)) for a, b in wanted]
-        del self._plan[:len(wanted)]
-        started = time.perf_counter()
-        pieces = [next(self._stream) for _ in wanted]
-        self.decode_wait_s += time.perf_counter() - started
-        return pieces
+    def _plan(self, passes, serial: Optional[int] = None) -> None:
+        seen, pieces = set(), []
+        for chunks in passes:
+            for lo, hi in chunks:
+                if (lo, hi) in seen and hi <= self.keep_rows:
+                    continue  # served again from the device
+                seen.add((lo, hi))
+                pieces += _cut(lo, hi)
+        if pieces == self._planned:
+            return
+        self._planned = pieces
+        ref = weakref.ref(self)  # the pool must not keep a dropped batch alive
+
+        def request(lo, hi):
+            return lambda: None if ref() is None else ref()._request(lo, hi)
+        self.decoder.plan(self._serial if serial is None else serial, [(lo, hi, request(lo, hi)) for lo, hi in pieces])
 
     def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
         their tokens) replaced; on `device` (default: the host). A dead or stalled decode worker
-        is a DataError, and the pool stops (ChunkDecoder.close says why)."""
+        is a DataError, and the pool stops."""
         try:
-            return self._decoded(lo, hi, device)
-        except DataError:  # unusable data, raised in a worker: its own message
-            raise
-        # torch's RuntimeError ("DataLoader worker ... killed", "DataLoader timed out"), raised by
-        # the pool's iterator or by its SIGCHLD handler anywhere in this call; or, when a worker
-        # died while handing a piece over, the broken connection that carried its descriptor.
-        except (RuntimeError, StopIteration, OSError, EOFError) as err:
+            return self._decoded(lo, hi, torch.device("cpu") if device is None else torch.device(device))
+        except DecodePoolError as err:
             self.decoder.close(why=f"stopped when decoding local batch rows {lo}-{hi - 1} failed")
-            raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from err
+            raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from None
 
-    def _decoded(self, lo: int, hi: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
-        images, rows = [], []
-        for row0, pixels, source, replaced in self._pieces(lo, hi):
-            images.append(pixels if device is None else pixels.to(device, non_blocking=True))
-            rows.append(source + row0)
-            if replaced and row0 not in self._counted:
-                self._counted.add(row0)
-                self.decode_skipped += replaced
+    def _decoded(self, lo: int, hi: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._planned is None:  # nobody announced an order: the engine's usual one
+            chunks = [(a, min(a + hi - lo, len(self))) for a in range(0, len(self), hi - lo)]
+            self.schedule([chunks] * ENGINE_PASSES)
+        images, rows = None, []
+        for a, b in _cut(lo, hi):
+            started = time.perf_counter()
+            piece = self.decoder.take(self._serial, a, b, lambda a=a, b=b: self._request(a, b),
+                                      pin=device.type == "cuda")
+            self.decode_wait_s += time.perf_counter() - started
+            if images is None:
+                images = torch.empty((hi - lo, *piece.pixels.shape[1:]), dtype=torch.uint8, device=device)
+            # From the pool's page-locked window: the copy overlaps compute. Each piece's slot is
+            # given back as soon as its copy is done, so the pool never waits on a whole chunk.
+            images[a - lo:b - lo].copy_(piece.pixels, non_blocking=True)
+            copied = None
+            if device.type == "cuda":
+                copied = torch.cuda.Event()
+                copied.record()
+            piece.release(copied)
+            rows.append(piece.source + a)
+            if piece.replaced and a not in self._counted:
+                self._counted.add(a)
+                self.decode_skipped += piece.replaced
         texts = self.texts[torch.cat(rows)].to(torch.int64)
-        texts = texts if device is None else texts.to(device, non_blocking=True)
-        return (images[0] if len(images) == 1 else torch.cat(images)), texts
+        return images, texts.to(device, non_blocking=True)
 
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
-        """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts). Each decoded
-        piece is copied as it arrives (page-locked by the pool: the copies overlap compute)."""
+        """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts)."""
         if (lo, hi) in self._kept:  # the second pass over a kept chunk: freed as it is served
             images, texts = self._kept.pop((lo, hi))
         else:

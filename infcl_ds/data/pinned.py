@@ -14,17 +14,25 @@ import torch
 _PORTABLE = 1
 
 
-def pinned_empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    tensor = torch.empty(shape, dtype=dtype)
+def register_pinned(tensor: torch.Tensor) -> bool:
+    """Page-lock `tensor`'s host memory for as long as the tensor lives (True), or leave it
+    pageable where CUDA is absent or refuses (e.g. a memlock limit: False)."""
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0 or not torch.cuda.is_available():
-        return tensor
+        return False
     cudart = torch.cuda.cudart()
     ptr = tensor.data_ptr()
     if int(cudart.cudaHostRegister(ptr, nbytes, _PORTABLE)) != 0:
-        # Could not lock these pages (e.g. a memlock limit): torch's own pinned memory, rounded.
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
+        return False
     # The base tensor dies no later than its storage (views hold the storage, not the base),
     # so the pages are unlocked before they are freed.
     weakref.finalize(tensor, cudart.cudaHostUnregister, ptr)
-    return tensor
+    return True
+
+
+def pinned_empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.empty(shape, dtype=dtype)
+    if tensor.numel() == 0 or not torch.cuda.is_available() or register_pinned(tensor):
+        return tensor
+    # Could not lock these pages: torch's own pinned memory, rounded.
+    return torch.empty(shape, dtype=dtype, pin_memory=True)

@@ -235,8 +235,10 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
         raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
-        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"))
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
+        window = min(local_batch, kept_rows(spec.get("decode_window_gib", DEFAULT_DECODE_WINDOW_GIB), image_size))
+        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"),
+                               image_size=image_size, window_rows=window)
     else:
         dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
     try:
@@ -250,6 +252,15 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
         raise
 
 
-def kept_rows(gib: float, image_size: int) -> int:
-    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib)."""
+# Host memory of a rank's window of decoded rows (data.decode_window_gib), at most a local
+# batch: at ~2,500 decodes/s it holds ~11 s of 224 px decoding, what a ViT-B-16 grad pass at 32k
+# lasts, during which the pool decodes the next step's first chunks.
+DEFAULT_DECODE_WINDOW_GIB = 4.0
+
+
+def kept_rows(gib, image_size: int) -> int:
+    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib, data.decode_window_gib)."""
+    if gib == "auto":
+        raise DataError("data.keep_decoded_gib=auto is resolved by the trainer (plan.auto_keep_gib) before "
+                        "the data is built: pass a number")
     return int(gib * 2 ** 30) // (3 * image_size ** 2)

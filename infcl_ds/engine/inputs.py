@@ -3,7 +3,9 @@
 The engine never holds a local batch on the GPU whole (375k images are ~56 GB as uint8): it
 asks its batch for ``chunk(lo, hi, device, dtype)`` twice per chunk, once per pass, and gets
 the same inputs both times. ``infcl_ds.data.HostBatch`` (pinned uint8 images, normalised per
-chunk on the device) has this interface; ``TensorBatch`` gives it to plain tensors.
+chunk on the device) has this interface; ``TensorBatch`` gives it to plain tensors. A batch
+that prepares its chunks ahead (``infcl_ds.data.EncodedBatch`` decodes them) may also have
+``schedule(passes)``: the engine calls it first with the chunks it will ask for, pass by pass.
 """
 from typing import Protocol, Tuple
 

@@ -195,7 +195,11 @@ class ContrastiveEngine:
         batch = images if texts is None else TensorBatch(images, texts)
         device = next(self.model.parameters()).device
         chunks = self._chunks(len(batch))
-        if len(chunks) == 1 and self._one_pass_allowed():
+        one_pass = len(chunks) == 1 and self._one_pass_allowed()
+        announce = getattr(batch, "schedule", None)
+        if announce is not None:  # a batch that decodes ahead learns the order it will be asked in
+            announce([chunks] if one_pass else [chunks, chunks])
+        if one_pass:
             return self._forward_backward_one_chunk(batch, chunks[0], device)
         with self.phases("encode"):
             states, feats = self._encode_without_grad(batch, chunks, device)

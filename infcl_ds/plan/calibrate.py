@@ -45,7 +45,9 @@ def row_recipe(row: dict, meta: dict):
                               f"model.grad_checkpointing={str(meta.get('grad_checkpointing', False)).lower()}",
                               f"batch.offload_features={str(meta.get('offload_features', False)).lower()}",
                               # the row's towers: eager unless it says compiled
-                              f"model.compile={str(bool(row.get('compile', False))).lower()}"])
+                              f"model.compile={str(bool(row.get('compile', False))).lower()}",
+                              # its inputs: a pool held decoded (nothing decoded, nothing kept)
+                              "data.host_batch=decoded"])
 
 
 def measured_rows(path=TRAIN):

@@ -222,18 +222,24 @@ def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:
     return image_bytes + 4 * model.context_length + ENCODED_ROW_BYTES
 
 
-def decode_pool_bytes(model, recipe: Recipe) -> int:
-    """Decoded pieces in flight per rank (encoded host batches): DECODE_PREFETCH per decode
-    process, each in the workers' shared memory and again page-locked for the copy."""
+def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
+    """The decode pool's window of decoded rows per rank (encoded host batches: the shared
+    memory its processes decode into, data.decode_window_gib, at most a local batch, at least
+    two pieces per process; data/decode_pool.py) and each process's own heap."""
     if recipe.data.host_batch == "decoded":
         return 0
-    from ..data.encoded import DECODE_PIECE_ROWS, DECODE_PREFETCH
-    pieces = max(recipe.data.decode_workers, 1) * DECODE_PREFETCH
-    return 2 * pieces * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + recipe.data.decode_workers * DECODE_WORKER_RESERVE
+    from ..data.decode_pool import DECODE_PIECE_ROWS
+    from ..data.train import kept_rows
+    workers = recipe.data.decode_workers
+    row = 3 * model.image_size ** 2
+    rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size)) if workers else 0
+    slots = max(-(-rows // DECODE_PIECE_ROWS), 2 * workers)
+    return slots * DECODE_PIECE_ROWS * row + workers * DECODE_WORKER_RESERVE
 
 
 def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
-    """Rows of the local batch decoded once per step (data.keep_decoded_gib): whole chunks."""
+    """Rows of the local batch decoded once per step (data.keep_decoded_gib, resolved when
+    auto: plan.auto_keep_gib): whole chunks."""
     if recipe.data.host_batch == "decoded":
         return 0
     from ..data.train import kept_rows
@@ -261,6 +267,6 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
     offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
     held = input_samples_held(local, recipe.data.workers, recipe.data.worker_batch)
     return {INPUTS: ranks * held * sample_host_bytes(model, recipe, image_bytes),
-            DECODING: ranks * decode_pool_bytes(model, recipe),
+            DECODING: ranks * decode_pool_bytes(model, recipe, local),
             OFFLOADED: ranks * offloaded,
             PROCESSES: ranks * HOST_RESERVE_PER_RANK}

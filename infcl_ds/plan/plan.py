@@ -174,6 +174,8 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
     top = min(local, AUTO_CHUNK_MAX)
     candidates = [top] + [1 << k for k in range(top.bit_length() - 1, -1, -1) if (1 << k) < top]
     rates, model = KernelRates.load(), estimate_model(recipe.model.name)
+    if recipe.data.keep_decoded_gib == "auto":  # sized after the chunk, in what the chunk leaves
+        recipe = recipe_with(recipe, "data", keep_decoded_gib=0.0)
     for chunk in candidates:
         plan = assess(recipe_with(recipe, "batch", chunk=chunk), gpus, gpu_memory_bytes, gpus_per_node,
                       DEFAULT_HOST_MEMORY, rates, encoder_tflops=None, network=DEFAULT_NETWORK, max_step_s=None,
@@ -182,6 +184,37 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
             return chunk
     raise PlanError(f"batch.chunk=auto: not even a chunk of 1 fits {AUTO_CHUNK_MEMORY_SHARE:.0%} of "
                     f"{gpu_memory_bytes / mem.GIB:.4g} GiB per GPU (planned peak {mem.gib(plan.peak_gpu_bytes)} GiB)")
+
+
+# data.keep_decoded_gib: auto on CPU ranks: host memory the kept chunks may take per rank.
+AUTO_KEEP_CPU_GIB = 1.0
+
+
+def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8) -> float:
+    """`data.keep_decoded_gib: auto` (with a numeric batch.chunk): the decoded pixels of as many
+    whole chunks of the local batch (all of them where they fit) as the planned peak leaves room
+    for within AUTO_CHUNK_MEMORY_SHARE of the GPU's memory; 0 when none fit."""
+    if recipe.data.host_batch == "decoded":
+        return 0.0
+    model = estimate_model(recipe.model.name)
+    bare = assess(recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus, gpu_memory_bytes, gpus_per_node,
+                  DEFAULT_HOST_MEMORY, KernelRates.load(), encoder_tflops=None, network=DEFAULT_NETWORK,
+                  max_step_s=None, model=model)
+    row = 3 * model.image_size ** 2
+    local = recipe.local_batch(gpus)
+    rows = min(local, max(0, int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE) - bare.peak_gpu_bytes) // row)
+    rows = rows if rows == local else rows - rows % recipe.batch.chunk
+    return rows * row / mem.GIB  # exact: kept_rows gives `rows` back
+
+
+def _without_auto(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int) -> Recipe:
+    """batch.chunk and data.keep_decoded_gib as the trainer resolves `auto` on these GPUs."""
+    if recipe.batch.chunk == "auto":
+        recipe = recipe_with(recipe, "batch", chunk=auto_chunk(recipe, gpus, gpu_memory_bytes, gpus_per_node))
+    if recipe.data.keep_decoded_gib == "auto":
+        recipe = recipe_with(recipe, "data", keep_decoded_gib=auto_keep_gib(recipe, gpus, gpu_memory_bytes,
+                                                                            gpus_per_node))
+    return recipe
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
@@ -195,8 +228,7 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     not fit gets ``fits == False`` and a verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
-    if recipe.batch.chunk == "auto":  # what the trainer will choose on these GPUs
-        recipe = recipe_with(recipe, "batch", chunk=auto_chunk(recipe, gpus, gpu_memory_bytes, gpus_per_node))
+    recipe = _without_auto(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # what the trainer will choose
     rates = rates or KernelRates.load()
     assumed = host_memory_bytes is None
     host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
@@ -289,7 +321,7 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
     def keep_fewer():
         def fits_keeping(gib):
             return fits(recipe_with(recipe, "data", keep_decoded_gib=float(gib)), gpus)
-        kept = recipe.data.keep_decoded_gib
+        kept = recipe.data.keep_decoded_gib  # a number here: make_plan resolved auto
         if kept > 0:
             gib = _largest_below(math.ceil(kept), fits_keeping) or 0  # whole GiB; 0: decode twice
             if gib or fits_keeping(0):

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# docs/benchmarks/real_data.json + .png: whole steps from JPEG shards beside synthetic data, this
+# engine and OpenCLIP's trainer on the same shards, in parts that each fit a 10-minute command:
+#   bash launch/bench_real_data.sh b16 b16-open-clip-train      # ViT-B-16, 32k, compiled
+#   bash launch/bench_real_data.sh l14                           # ViT-L-14, 16k, compiled
+# The shards are made here first (infcl-ds data photos: 16,000 photos of ~30 KB in 8 shards, listed
+# 12 times as 96 shards so that an epoch holds six 32k batches), once per machine, under $SHARDS.
+# This engine: data.decode_workers 14 (PIL, open_clip's pixels), keep_decoded_gib auto, every row
+# the mean of 2 steps after an untimed one; open_clip_train: --workers 14 --torchcompile (its
+# WebDataset loader needs webdataset<=0.2.86; this project works with that version too).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+out=${OUT:-docs/benchmarks}/real_data.json
+shards=${SHARDS:-/tmp/infcl-ds-photos}
+[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-open-clip-train l14 l14-open-clip-train)" >&2; exit 2; }
+if [ ! -f "$shards/listed/shard-00095.tar" ]; then
+  python3 -m infcl_ds.cli data photos --out "$shards" --samples 16000 --shard-size 2000
+  mkdir -p "$shards/listed"
+  for i in $(seq 0 95); do
+    ln -sf "$shards/shard-$(printf %06d $((i % 8))).tar" "$shards/listed/shard-$(printf %05d "$i").tar"
+  done
+fi
+pattern="$shards/listed/shard-{00000..00095}.tar"
+bench() {
+  python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" \
+    --shards "$pattern" --decode-workers 14 --open-clip-train-workers 14 --open-clip-train-modes compile "$@"
+}
+for part in "$@"; do
+  case "$part" in
+    b16) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --data synthetic,jpeg ;;
+    b16-open-clip-train) bench --model ViT-B-16 --batch 32k --impl open_clip_train --data jpeg \
+                           --open-clip-train-batch-size 1024 ;;
+    l14) bench --model ViT-L-14 --batch 16k --impl infcl_ds --compile --data synthetic,jpeg ;;
+    l14-open-clip-train) bench --model ViT-L-14 --batch 16k --impl open_clip_train --data jpeg \
+                           --open-clip-train-batch-size 256 ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
