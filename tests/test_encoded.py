@@ -319,7 +319,7 @@ def test_pool_pixels_copied_to_the_gpu_equal_the_pixels_decoded_in_process(shard
     for _ in range(2):  # the epoch's two batches
         batch = next(batches)
         assert batch.decoder.pool.arena.shape[0] == 4  # two slots per worker
-        on_gpu = [batch.decoded(lo, min(lo + 7, SAMPLES), "cuda") for lo in range(0, SAMPLES, 7)]
+        on_gpu = [batch.decoded(lo, min(lo + 7, len(batch)), "cuda") for lo in range(0, len(batch), 7)]
         torch.cuda.synchronize()
         want = torch.cat([batch.decoder.decode_now(batch._request(lo, min(lo + 32, len(batch))))[1]
                           for lo in range(0, len(batch), 32)])
