@@ -296,3 +296,16 @@ def test_drop_in_rejects_a_wrong_world_size_and_dist_impl():
         SigLipLoss(world_size=2)(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), torch.tensor(0.0))
     out = SigLipLoss()(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), torch.tensor(0.0), output_dict=True)
     assert set(out) == {"contrastive_loss"}
+
+
+def test_unknown_arguments_are_refused_at_construction():
+    from infcl_ds import SigLipLoss, SigmoidLoss
+    # The drop-in answers as open_clip's own constructor would: a TypeError.
+    with pytest.raises(TypeError, match=r"^infcl_ds.SigLipLoss: unknown argument\(s\) foo; loss options are "
+                                        r"check_finite, allow_tf32, backend, panel, panel_rows$"):
+        SigLipLoss(foo=1)
+    # The module around siglip_loss, as ContrastiveLoss around contrastive_loss: a ValueError.
+    with pytest.raises(ValueError, match=r"^infcl_ds.SigmoidLoss: unknown argument\(s\) chek_finite; "):
+        SigmoidLoss(chek_finite=False)
+    SigLipLoss(check_finite=False, backend="torch")  # the real options pass
+    SigmoidLoss(check_finite=False, backend="torch")
