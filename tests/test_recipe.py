@@ -184,3 +184,10 @@ def test_quoted_keys_anchors_and_safe_tags_still_load(tmp_path):
     assert loaded.model.seed == 3 and loaded.zero.overrides == {"on": 1, "wall_clock_breakdown": True}
     with pytest.raises(Exception, match="could not determine a constructor"):
         load_recipe(None, ["zero.overrides=!!python/object/apply:os.system ['true']"])
+
+
+def test_a_base_config_nested_thousands_deep_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 20000 + "]" * 20000)
+    _load_refused(None, [f"zero.base_config={deep}"],
+                  "^" + re.escape(f"recipe: zero.base_config {deep} is nested too deeply to be a DeepSpeed config") + "$")
