@@ -121,7 +121,8 @@ YAML_FILES = [
      r"line 3: duplicate key 'steps' \(first on line 2; YAML would keep only the last\)$"),
     ("duplicate-section", "model:\n  seed: 1\nbatch:\n  chunk: 8\nmodel:\n  seed: 2\n",
      r"line 5: duplicate key 'model' \(first on line 1"),
-    ("merge-key", "model:\n  <<: {seed: 1}\n", r"line 2: YAML merge key << is not allowed in a recipe; write the keys out$"),
+    ("merge-key", "model:\n  <<: {seed: 1}\n",
+     r"line 2: YAML merge key << is not allowed in a recipe; write the keys out$"),
     ("deep", "zero:\n  overrides:\n    a: " + "[" * 20000 + "]" * 20000 + "\n",
      r"line 3: nested more than 32 levels deep$"),
     ("deep-block", "".join("  " * i + "a:\n" for i in range(20000)), r"line 32: nested more than 32 levels deep$"),
@@ -189,5 +190,5 @@ def test_quoted_keys_anchors_and_safe_tags_still_load(tmp_path):
 def test_a_base_config_nested_thousands_deep_is_one_line(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 20000 + "]" * 20000)
-    _load_refused(None, [f"zero.base_config={deep}"],
-                  "^" + re.escape(f"recipe: zero.base_config {deep} is nested too deeply to be a DeepSpeed config") + "$")
+    message = f"recipe: zero.base_config {deep} is nested too deeply to be a DeepSpeed config"
+    _load_refused(None, [f"zero.base_config={deep}"], "^" + re.escape(message) + "$")

@@ -115,7 +115,8 @@ def _grads_twice(siglip_loss, group=None, seed=11, **kw):
     return first, list(second), refused
 
 
-REFUSED = "infcl_ds: double backward (create_graph=True, higher-order gradients) of the sigmoid (SigLIP) loss is not supported"
+REFUSED = ("infcl_ds: double backward (create_graph=True, higher-order gradients) of the sigmoid (SigLIP) loss "
+           "is not supported")
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
