@@ -25,6 +25,20 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def group_commands(group: str) -> dict:
+    """subcommand -> one-line help of a group word ("bench": loss, ring, ...); empty if
+    ``group`` is not one."""
+    return {name.split(" ", 1)[1]: help_ for name, (_, _, help_) in COMMANDS.items()
+            if name.startswith(group + " ")}
+
+
+def group_usage(group: str) -> str:
+    lines = [f"usage: infcl-ds {group} <command> [args]   (infcl-ds {group} <command> --help for its options)", "",
+             f"{group} commands:"]
+    lines += [f"  {name:<7} {help_}" for name, help_ in group_commands(group).items()]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -38,6 +52,16 @@ def main(argv=None):
             result = getattr(importlib.import_module(module), function)(argv[words:])
             # Commands return an exit status; the benchmarks return their rows (success).
             return result if isinstance(result, int) else 0
+    # A group word ("bench") without one of its subcommands: help for the group alone, or a
+    # line naming the subcommands there are.
+    subcommands = group_commands(argv[0])
+    if subcommands:
+        if len(argv) == 1 or argv[1] in ("-h", "--help"):
+            print(group_usage(argv[0]))
+            return 0
+        print(f"infcl-ds: unknown {argv[0]} command {argv[1]!r}; {argv[0]} commands: {', '.join(subcommands)} "
+              f"(infcl-ds {argv[0]} --help)", file=sys.stderr)
+        return 2
     print(f"infcl-ds: unknown command {' '.join(argv[:2])!r}\n\n{usage()}", file=sys.stderr)
     return 2
 

@@ -25,14 +25,15 @@ def _group_size(group) -> int:
     return torch_dist.get_world_size(group)
 
 
-def check_loss_options(options: dict, owner: str) -> None:
-    """Keyword options for ``contrastive_loss`` given at a module's construction: an unknown one
-    is a ValueError there, not a TypeError at the first forward."""
+def check_loss_options(options: dict, owner: str, loss=None, error=ValueError) -> None:
+    """Keyword options for ``loss`` (default: contrastive_loss) given at a module's construction:
+    an unknown one is an ``error`` there, not a TypeError at the first forward."""
     import inspect
-    known = [name for name, p in inspect.signature(contrastive_loss).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    loss = contrastive_loss if loss is None else loss
+    known = [name for name, p in inspect.signature(loss).parameters.items() if p.kind == p.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"{owner}: unknown argument(s) {', '.join(unknown)}; loss options are {', '.join(known)}")
+        raise error(f"{owner}: unknown argument(s) {', '.join(unknown)}; loss options are {', '.join(known)}")
 
 
 def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,

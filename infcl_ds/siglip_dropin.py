@@ -17,7 +17,7 @@ uneven local batches OpenCLIP weights each rank's pairs by 1/its own batch; this
 from torch import nn
 
 from .clip_loss import scale_grad
-from .loss import _group_size
+from .loss import _group_size, check_loss_options
 from .sigmoid_loss import siglip_loss
 
 DIST_IMPLS = ("bidir", "shift", "reduce", "gather")
@@ -42,6 +42,8 @@ class SigLipLoss(nn.Module):
         self.dist_impl = dist_impl or "bidir"
         if self.dist_impl not in DIST_IMPLS:
             raise ValueError(f"infcl_ds.SigLipLoss: dist_impl must be one of {DIST_IMPLS}, got {dist_impl!r}")
+        # open_clip's constructor takes no other argument: a TypeError, as its own would raise.
+        check_loss_options(options, "infcl_ds.SigLipLoss", siglip_loss, TypeError)
         self.group = group
         self.options = options
 

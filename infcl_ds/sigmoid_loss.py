@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .loss import _group_size
+from .loss import _group_size, check_loss_options
 from .ops import SigLipOptions, TiledSigLipLoss
 from .validation import check_features, check_logit_bias
 
@@ -60,6 +60,7 @@ class SigmoidLoss(nn.Module):
 
     def __init__(self, group=None, **options):
         super().__init__()
+        check_loss_options(options, "infcl_ds.SigmoidLoss", siglip_loss)
         self.group = group
         self.options = options
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from infcl_ds.config import Recipe, dump_recipe, load_recipe
+from infcl_ds.config import Recipe, RecipeError, dump_recipe, load_recipe
 from infcl_ds.train import main as train_main
 from launch_utils import TINY
 
@@ -104,3 +104,91 @@ def test_compile_auto_is_on_for_cuda_ranks_under_zero_0_to_2_only():
         assert recipe.compiles("cuda") is cuda and recipe.compiles("cpu") is False
     assert load_recipe(None, ["model.compile=true"]).compiles("cpu") is True
     assert load_recipe(None, ["model.compile=false"]).compiles("cuda") is False
+
+
+# ---- YAML that parses but cannot be a recipe: one line at the place it is written ----------
+
+def _laughs() -> str:
+    """The "billion laughs": 9 levels of 9 aliases each, 9^9 leaves from under 1 KB."""
+    text = "zero:\n  overrides:\n    l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    for level in range(1, 10):
+        text += f"    l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]\n"
+    return text
+
+
+YAML_FILES = [
+    ("duplicate-key", "schedule:\n  steps: 2\n  steps: 5000\n",
+     r"line 3: duplicate key 'steps' \(first on line 2; YAML would keep only the last\)$"),
+    ("duplicate-section", "model:\n  seed: 1\nbatch:\n  chunk: 8\nmodel:\n  seed: 2\n",
+     r"line 5: duplicate key 'model' \(first on line 1"),
+    ("merge-key", "model:\n  <<: {seed: 1}\n",
+     r"line 2: YAML merge key << is not allowed in a recipe; write the keys out$"),
+    ("deep", "zero:\n  overrides:\n    a: " + "[" * 20000 + "]" * 20000 + "\n",
+     r"line 3: nested more than 32 levels deep$"),
+    ("deep-block", "".join("  " * i + "a:\n" for i in range(20000)), r"line 32: nested more than 32 levels deep$"),
+    ("int-key", "1: x\n", r"line 1: key '1' is not a name \(YAML reads it as int 1\); quote it if it is one$"),
+    ("bool-key", "model:\n  on: 1\n", r"line 2: key 'on' is not a name \(YAML reads it as bool True\)"),
+    ("sequence-key", "? [a]\n", r"line 1: a key must be a name, got a sequence$"),
+    ("mapping-key", "? {a: 1}\n: x\n", r"line 1: a key must be a name, got a mapping$"),
+]
+
+
+def _load_refused(path, sets, match):
+    # load_recipe itself, not train's main: a reader that accepts these goes on to train
+    # (or, for the aliases, to hang in start-up); train's main prints the one line.
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path, sets)
+    message = str(err.value)
+    assert "\n" not in message and re.search(match, message), message
+
+
+@pytest.mark.parametrize("content,match", [c[1:] for c in YAML_FILES], ids=[c[0] for c in YAML_FILES])
+def test_yaml_beyond_a_recipe_is_one_line_naming_the_file_and_line(tmp_path, content, match):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(content)
+    _load_refused(recipe, [], "^" + re.escape(f"recipe: {recipe} ") + match)
+
+
+def test_billion_laughs_is_refused_at_load_not_expanded_at_start_up(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(_laughs())
+    assert len(recipe.read_bytes()) < 1024
+    _load_refused(recipe, [], "^" + re.escape(f"recipe: {recipe} line 4: YAML alias *l0 is not allowed in a recipe; "
+                                              "write the value out") + "$")
+
+
+YAML_SETS = [
+    ("duplicate-key", "zero.overrides={a: 1, a: 2}",
+     r"--set 'zero.overrides=\{a: 1, a: 2\}': duplicate key 'a' \(YAML would keep only the last\)$"),
+    ("alias", "zero.overrides={a: &x [1, 2], b: *x}",
+     r"--set 'zero.overrides=\{a: &x \[1, 2\], b: \*x\}': YAML alias \*x is not allowed in a recipe"),
+    # The 40 KB value is cut short in the message: one readable line.
+    ("deep", "zero.overrides=" + "[" * 20000 + "]" * 20000,
+     r"--set 'zero.overrides=\[{65}'\.\.\.: nested more than 32 levels deep$"),
+    ("int-key", "zero.overrides={1: x}",
+     r"--set 'zero.overrides=\{1: x\}': key '1' is not a name \(YAML reads it as int 1\); quote it if it is one$"),
+    ("null-key", "zero.overrides={~: x}",
+     r"--set 'zero.overrides=\{~: x\}': key '~' is not a name \(YAML reads it as null\)"),
+]
+
+
+@pytest.mark.parametrize("assignment,match", [c[1:] for c in YAML_SETS], ids=[c[0] for c in YAML_SETS])
+def test_set_values_follow_the_recipe_files_yaml_rules(assignment, match):
+    _load_refused(TINY, [assignment], "^" + match)
+
+
+def test_quoted_keys_anchors_and_safe_tags_still_load(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    # An anchor nobody refers to is harmless; a quoted "on" is the string.
+    recipe.write_text("model: &m\n  seed: 3\nzero:\n  overrides: {'on': 1, wall_clock_breakdown: !!bool true}\n")
+    loaded = load_recipe(recipe)
+    assert loaded.model.seed == 3 and loaded.zero.overrides == {"on": 1, "wall_clock_breakdown": True}
+    with pytest.raises(Exception, match="could not determine a constructor"):
+        load_recipe(None, ["zero.overrides=!!python/object/apply:os.system ['true']"])
+
+
+def test_a_base_config_nested_thousands_deep_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 20000 + "]" * 20000)
+    message = f"recipe: zero.base_config {deep} is nested too deeply to be a DeepSpeed config"
+    _load_refused(None, [f"zero.base_config={deep}"], "^" + re.escape(message) + "$")

@@ -96,6 +96,63 @@ def test_bad_input_names_the_problem(make, expected):
         siglip_loss(*make(torch.randn(6, 8), torch.randn(6, 8)))
 
 
+# ---- a second backward and higher-order gradients, as for the CLIP loss ------------------
+
+def _grads_twice(siglip_loss, group=None, seed=11, **kw):
+    """(first gradients, second with retain_graph, create_graph's error) of one loss; the
+    features are seed's and seed+1's 37 x 80 rows, the whole batch or this rank's slice."""
+    image, text = (random_features(37, 80, torch.float32, seed + k).requires_grad_() for k in (0, 1))
+    scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-5.0, requires_grad=True)
+    inputs = (image, text, scale, bias)
+    loss = siglip_loss(image, text, scale, bias, group, **kw)
+    first = [g.clone() for g in torch.autograd.grad(loss, inputs, retain_graph=True)]
+    second = torch.autograd.grad(loss, inputs, retain_graph=True)
+    try:
+        torch.autograd.grad(siglip_loss(image, text, scale, bias, group, **kw), inputs, create_graph=True)
+        refused = None
+    except RuntimeError as err:
+        refused = str(err)
+    return first, list(second), refused
+
+
+REFUSED = ("infcl_ds: double backward (create_graph=True, higher-order gradients) of the sigmoid (SigLIP) loss "
+           "is not supported")
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_second_backward_gives_the_same_gradients_and_double_backward_is_refused(backend):
+    from infcl_ds import siglip_loss
+    first, second, refused = _grads_twice(siglip_loss, backend=backend)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    # The gradient of a gradient is refused, never silently a constant.
+    assert refused == REFUSED
+    # .backward() twice accumulates twice; without retain_graph the graph is freed (torch's error).
+    image, text = random_features(9, 16, torch.float32, 1).requires_grad_(), random_features(9, 16, torch.float32, 2)
+    loss = siglip_loss(image, text, 10.0, -5.0, backend=backend)
+    loss.backward(retain_graph=True)
+    once = image.grad.clone()
+    loss.backward()
+    assert torch.allclose(image.grad, 2 * once)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+
+
+def _ring_twice(rank, world):
+    from infcl_ds import siglip_loss
+    return _grads_twice(lambda i, t, s, b, group: siglip_loss(i, t, s, b, group, backend="torch"),
+                        seed=11 + 2 * rank)
+
+
+def test_the_ring_too_gives_the_same_gradients_twice_and_refuses_double_backward():
+    results = run_ranks(_ring_twice, 2)
+    for rank in range(2):
+        first, second, refused = results[rank]
+        for a, b in zip(first, second):
+            assert torch.equal(a, b), rank
+        assert refused == REFUSED, rank
+
+
 # ---- the ring on gloo ranks -------------------------------------------------------------
 
 RING_TOL = {torch.float32: (1e-6, 1e-5, 1e-4, 1e-5), torch.bfloat16: (1e-5, 1e-2, 1e-3, 1e-3)}
@@ -240,3 +297,16 @@ def test_drop_in_rejects_a_wrong_world_size_and_dist_impl():
         SigLipLoss(world_size=2)(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), torch.tensor(0.0))
     out = SigLipLoss()(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), torch.tensor(0.0), output_dict=True)
     assert set(out) == {"contrastive_loss"}
+
+
+def test_unknown_arguments_are_refused_at_construction():
+    from infcl_ds import SigLipLoss, SigmoidLoss
+    # The drop-in answers as open_clip's own constructor would: a TypeError.
+    with pytest.raises(TypeError, match=r"^infcl_ds.SigLipLoss: unknown argument\(s\) foo; loss options are "
+                                        r"check_finite, allow_tf32, backend, panel, panel_rows$"):
+        SigLipLoss(foo=1)
+    # The module around siglip_loss, as ContrastiveLoss around contrastive_loss: a ValueError.
+    with pytest.raises(ValueError, match=r"^infcl_ds.SigmoidLoss: unknown argument\(s\) chek_finite; "):
+        SigmoidLoss(chek_finite=False)
+    SigLipLoss(check_finite=False, backend="torch")  # the real options pass
+    SigmoidLoss(check_finite=False, backend="torch")

@@ -35,6 +35,8 @@ def base_config(recipe: Recipe) -> Dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         where = f" line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
         raise RecipeError(f"recipe: zero.base_config {path}{where} is not a JSON DeepSpeed config") from None
+    except RecursionError:  # json's decoder recurses per level of nesting
+        raise RecipeError(f"recipe: zero.base_config {path} is nested too deeply to be a DeepSpeed config") from None
     if not isinstance(config, dict):
         raise RecipeError(f"recipe: zero.base_config {path} is not a JSON object")
     config.pop("_comment", None)

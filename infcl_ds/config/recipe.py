@@ -5,7 +5,9 @@ the same way). Every default and every check lives here: unknown keys are errors
 nearest valid one, values have types, choices and bounds, and the checks across keys (the batch
 arithmetic, a synthetic source large enough for one global batch, the DeepSpeed overrides) run
 at load. Overrides come as ``section.key=value`` strings (``--set`` on the CLI), their values
-parsed as YAML. Every problem is a one-line RecipeError naming the key, or the file and line.
+parsed as YAML; the file and the values under the same rules (recipe_yaml.py: no duplicate
+keys, aliases or deep nesting, keys are names). Every problem is a one-line RecipeError naming
+the key, or the file and line.
 """
 import difflib
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+
+from . import recipe_yaml
 
 
 class RecipeError(ValueError):
@@ -317,7 +321,7 @@ def _read_tree(path: Path) -> Dict[str, Any]:
     except UnicodeDecodeError:
         raise RecipeError(f"recipe: {path} is not a text (YAML) file") from None
     try:
-        tree = yaml.safe_load(text)  # safe: a tag that would run code is an error, never run
+        tree = recipe_yaml.load(text)  # safe: a tag that would run code is an error, never run
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -331,20 +335,29 @@ def _read_tree(path: Path) -> Dict[str, Any]:
     return tree
 
 
+def _shown(assignment: str, limit: int = 80) -> str:
+    """The assignment as an error names it: quoted, and cut short so that the message stays
+    one readable line whatever was passed."""
+    return repr(assignment) if len(assignment) <= limit else repr(assignment[:limit]) + "..."
+
+
 def _apply_override(tree: Dict[str, Any], assignment: str) -> None:
+    shown = _shown(assignment)
     if "=" not in assignment:
-        raise RecipeError(f"--set {assignment!r}: expected section.key=value")
+        raise RecipeError(f"--set {shown}: expected section.key=value")
     dotted, text = assignment.split("=", 1)
     keys = dotted.strip().split(".")
     node = tree
     for key in keys[:-1]:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
-            raise RecipeError(f"--set {assignment!r}: {key} is not a section")
+            raise RecipeError(f"--set {shown}: {key} is not a section")
     try:
-        node[keys[-1]] = yaml.safe_load(text)
+        node[keys[-1]] = recipe_yaml.load(text)  # the recipe file's rules
+    except recipe_yaml.RecipeYAMLError as err:  # well-formed YAML, refused: the problem itself
+        raise RecipeError(f"--set {shown}: {err.problem}") from None
     except yaml.YAMLError as err:
-        raise RecipeError(f"--set {assignment!r}: not a YAML value ({getattr(err, 'problem', err)})") from None
+        raise RecipeError(f"--set {shown}: not a YAML value ({getattr(err, 'problem', err)})") from None
 
 
 def _check_model_name(name: str) -> None:

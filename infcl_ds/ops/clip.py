@@ -1,5 +1,6 @@
 """What the CLIP loss Function (parallel/ring_loss.py) takes from this layer besides the block
-kernels: its options, the positive-pair sum, and the double-backward guard."""
+kernels: its options, the positive-pair sum, and the double-backward guard (which the
+sigmoid loss's Functions share)."""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,9 +25,10 @@ def positive_logits_sum(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) 
     return total
 
 
-def refuse_double_backward() -> None:
+def refuse_double_backward(loss: str = "contrastive loss") -> None:
     """Called first in a backward: grad mode is on there only under ``create_graph=True``,
-    which asks for gradients of these gradients (not implemented by the tile kernels)."""
+    which asks for gradients of these gradients (not implemented by the tile kernels; the
+    gradients returned would be constants, silently wrong for a gradient penalty)."""
     if torch.is_grad_enabled():
-        raise RuntimeError("infcl_ds: double backward (create_graph=True, higher-order gradients) of the "
-                           "contrastive loss is not supported")
+        raise RuntimeError(f"infcl_ds: double backward (create_graph=True, higher-order gradients) of the "
+                           f"{loss} is not supported")

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import block
+from .clip import refuse_double_backward
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
 
@@ -179,6 +180,21 @@ def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional
                               panel=options.panel, rows=options.panel_rows)
 
 
+def keep_grads(ctx, grads) -> None:
+    """Keeps a forward's gradients for its backward as saved tensors, not a ctx attribute:
+    autograd frees them after the backward, or keeps them under retain_graph=True, and a
+    second backward then returns the same gradients again (as the CLIP loss's recomputation
+    does)."""
+    ctx.save_for_backward(*grads)
+
+
+def kept_grads(ctx, grad_loss):
+    """The backward of a sigmoid loss Function: keep_grads' gradients times the incoming one.
+    Under create_graph=True a RuntimeError: those gradients are constants to autograd."""
+    refuse_double_backward("sigmoid (SigLIP) loss")
+    return scaled_grads(ctx.saved_tensors, grad_loss)
+
+
 def scaled_grads(grads, grad_loss):
     """The saved gradients times the incoming one (no copy when it is exactly 1)."""
     if grad_loss.numel() == 1 and float(grad_loss) == 1.0:
@@ -204,14 +220,12 @@ class TiledSigLipLoss(torch.autograd.Function):
         sums = siglip_block(image, text, s, b, coef, diag=True, grad_a=grad_image, grad_b=grad_text,
                             accumulate_b=False, options=options)
         if need_grads:
-            ctx.grads = finish_grads(grad_image, grad_text, sums, n, image, scale, bias)
+            keep_grads(ctx, finish_grads(grad_image, grad_text, sums, n, image, scale, bias))
         return (sums[0] / n).float()
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grads = scaled_grads(ctx.grads, grad_loss)
-        del ctx.grads
-        return (*grads, None)
+        return (*kept_grads(ctx, grad_loss), None)
 
 
 def finish_grads(grad_image, grad_text, sums, n, image, scale, bias):

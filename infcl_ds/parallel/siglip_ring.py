@@ -20,7 +20,7 @@ from typing import List
 
 import torch
 
-from ..ops.siglip import SigLipOptions, finish_grads, scaled_grads, siglip_block
+from ..ops.siglip import SigLipOptions, finish_grads, keep_grads, kept_grads, siglip_block
 from .ring import Ring
 
 TAG_TEXT, TAG_GRAD = 0, 3
@@ -63,11 +63,10 @@ class RingSigLipLoss(torch.autograd.Function):
             del bufs, contrib, out, cur, partial_reqs  # freed before the outputs are cast
             grad_text = grad_in[:sizes[ring.pos]].to(text.dtype)
             del grad_in
-            ctx.grads = finish_grads(grad_image, grad_text, sums, total, image, scale, bias)
+            keep_grads(ctx, finish_grads(grad_image, grad_text, sums, total, image, scale, bias))
         return (sums[0] / total).float()
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grads = scaled_grads(ctx.grads, grad_loss)
-        del ctx.grads
-        return (*grads, None, None, None)
+        # No transfer here: every gradient was completed in the forward.
+        return (*kept_grads(ctx, grad_loss), None, None, None)
