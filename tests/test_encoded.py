@@ -153,6 +153,97 @@ def test_torchvision_decoder_in_the_pool_agrees_across_passes_and_with_pil(tmp_p
     assert diff.mean() < 1.0 and diff.max() < 64, (diff.mean(), diff.max())
 
 
+def pool_data(shard, tokenizer, local_batch=SAMPLES // 2, workers=2, **spec):
+    spec = {"source": "webdataset", "train": str(shard), "workers": 0, "host_batch": "encoded",
+            "decode_workers": workers, **spec}
+    return build_train_data(spec, rank=0, world_size=1, local_batch=local_batch, seed=7, image_size=IMAGE_SIZE,
+                            tokenizer=tokenizer)
+
+
+def in_process(batch, lo, hi):
+    """Rows [lo, hi) decoded here, piece by piece as the pool cuts them: the reference pixels."""
+    return torch.cat([batch.decoder.decode_now(batch._request(a, min(a + DECODE_PIECE_ROWS, hi)))[1]
+                      for a in range(lo, hi, DECODE_PIECE_ROWS)])
+
+
+def wait_until(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+def test_the_next_batch_is_decoded_ahead_in_the_announced_order_across_the_step(shard, tokenizer):
+    """Once the engine has announced its order, the batch assembled ahead is planned with it at
+    once: the pool decodes its first pieces before any of them is asked for (as during a grad
+    pass), and they are the pixels decoded in process, in either pass."""
+    data = pool_data(shard, tokenizer)
+    batches = iter(data)
+    first = next(batches)
+    chunks = [(0, 8), (8, 16), (16, 20)]
+    first.schedule([chunks, chunks])
+    pool = first.decoder.pool
+    for _ in range(2):
+        for lo, hi in chunks:
+            assert torch.equal(first.decoded(lo, hi)[0], in_process(first, lo, hi))
+    # The next batch, assembled ahead, is planned and decoded without being asked.
+    wait_until(lambda: len(pool._batches) == 2)
+    second_serial = list(pool._batches)[-1]
+    # Its first pass at least: the window (two slots per process here) holds four pieces.
+    wait_until(lambda: [e.state for e in pool._batches[second_serial][:3]] == ["ready"] * 3)
+    del first
+    second = next(batches)
+    assert second._serial == second_serial
+    passes = [[second.decoded(lo, hi)[0] for lo, hi in chunks] for _ in range(2)]
+    for lo_hi, one, two in zip(chunks, *passes):
+        assert torch.equal(one, two) and torch.equal(one, in_process(second, *lo_hi))
+    assert not pool._batches[second_serial]  # every planned piece was taken: none decoded in process
+
+
+def test_a_one_pass_batch_and_kept_chunks_are_planned_once(shard, tokenizer):
+    data = pool_data(shard, tokenizer)
+    batch = next(iter(data))
+    batch.schedule([[(0, 20)]])  # one chunk: the engine encodes it once, with grad
+    assert batch._planned == [(0, 20)]
+    batch.keep_rows = 16
+    batch.schedule([[(0, 8), (8, 16), (16, 20)]] * 2)  # kept chunks (hi <= 16) are not planned again
+    assert batch._planned == [(0, 8), (8, 16), (16, 20), (16, 20)]
+    first, second = both_passes(batch, chunk=8)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+
+
+def test_a_resumed_batch_has_the_pixels_of_the_uninterrupted_one(shard, tokenizer):
+    chunks = [(0, 7), (7, 14), (14, 20)]
+
+    def second_batch_pixels(resume: bool):
+        data = pool_data(shard, tokenizer)
+        if resume:
+            data.load_state_dict({"epoch": 0, "step": 1, "skipped": 0})
+        else:
+            batches = iter(data)
+            next(batches).schedule([chunks, chunks])
+        batch = next(batches) if not resume else next(iter(data))
+        batch.schedule([chunks, chunks])
+        return torch.cat([batch.chunk(lo, hi, torch.device("cpu"))[0] for lo, hi in chunks])
+
+    assert torch.equal(second_batch_pixels(False), second_batch_pixels(True))
+
+
+def test_the_planner_counts_the_decode_window_and_its_processes():
+    from infcl_ds.config import load_recipe
+    from infcl_ds.plan import memory as mem
+    from infcl_ds.plan.encoders import estimate_model
+    model = estimate_model("ViT-B-16")
+    row = 3 * 224 ** 2
+    recipe = load_recipe(None, ["model.name=ViT-B-16", "data.decode_workers=14", "data.decode_window_gib=1"])
+    rows = 2 ** 30 // row  # 7,133 rows of 224 px in 1 GiB: 223 slots of 32
+    assert mem.decode_pool_bytes(model, recipe, 32768) == 223 * 32 * row + 14 * mem.DECODE_WORKER_RESERVE
+    assert rows == 7133
+    # At most a local batch, at least two slots per process.
+    assert mem.decode_pool_bytes(model, recipe, 100) == 28 * 32 * row + 14 * mem.DECODE_WORKER_RESERVE
+
+
 def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):
     bad = write_shard(tmp_path / "bad.tar", corrupt=range(SAMPLES))
     batch = first_batch(bad, tokenizer, "encoded", decode_workers=2)

@@ -175,7 +175,7 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     return GpuMemory(components, {ENCODER_PASS: encoder, REDUCTION: reduction, LOSS: loss})
 
 
-INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "pieces being decoded", "offloaded features + gradients",
+INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decode window", "offloaded features + gradients",
                                           "process reserve")
 
 
@@ -258,7 +258,7 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
                 image_bytes: int = DEFAULT_IMAGE_BYTES) -> Dict[str, int]:
     """Bytes per node: every rank's local batches (inputs stay on the host, moved to the GPU
     one chunk at a time: decoded pixels, or the stored images with data.host_batch=encoded,
-    `image_bytes` each), the pieces being decoded, the pinned cached features and their
+    `image_bytes` each), the decode pool's window, the pinned cached features and their
     gradients with batch.offload_features (pinned blocks stay cached by torch once freed, so
     both count), and a reserve per rank."""
     ranks = min(world, gpus_per_node)
