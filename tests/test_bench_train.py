@@ -130,3 +130,20 @@ def test_open_clip_train_row_of_a_run_out_of_memory_says_what_would_fit(monkeypa
     row = _open_clip_train_run(broken, 1, argv, [], 1, 32768)
     assert row["status"] == "failed" and row["error"].endswith("ValueError: bad --model")
     assert row["log_tail"].endswith("log tail")
+
+
+def test_jpeg_rows_beside_synthetic_ones_from_the_trainers_data_path(tmp_path):
+    """--data synthetic,jpeg: the same engine timed on pinned random pixels and on JPEG shards read
+    and decoded as the trainer does (encoded host batches, the decode pool, keep auto), one row
+    each, with the decode wait and the planner's step; epochs roll over when the steps need it."""
+    from infcl_ds.data.photos import main as photos
+    shards, work, out = tmp_path / "photos", tmp_path / "cwd", tmp_path / "real_data.json"
+    work.mkdir()
+    assert photos(["--out", str(shards), "--samples", "96", "--shard-size", "48", "--workers", "1"]) in (0, None)
+    rows = _bench(work, out, "--impl", "infcl_ds", "--world", "1", "--batch", "64", "--steps", "2",
+                  "--data", "synthetic,jpeg", "--shards", str(shards), "--decode-workers", "1")
+    assert [(r["data"], r["status"]) for r in rows] == [("synthetic", "measured"), ("jpeg", "measured")]
+    jpeg = rows[1]
+    assert FIELDS <= set(jpeg) and jpeg["decoder"] == "pil" and jpeg["keep_decoded_gib"] == 1.0
+    assert 0 <= jpeg["decode_wait_share"] < 1 and jpeg["plan_step_s"] > 0 and jpeg["samples_per_s"] > 0
+    assert "--data synthetic,jpeg" in jpeg["command"]

@@ -131,11 +131,13 @@ def _pool(args, info, device):
     return images, texts
 
 
-def _timed_steps(step_engine, batch, steps, device):
-    """`steps` + 1 steps; the first (compilation, tile tuning, allocator growth at this shape)
-    is untimed for the figures. Returns (first step's seconds, the timed ones', last loss)."""
-    times = []
+def _timed_steps(step_engine, next_batch, steps, device):
+    """`steps` + 1 steps, each on `next_batch()`; the first (compilation, tile tuning, allocator
+    growth at this shape) is untimed for the figures. Returns (first step's seconds, the timed
+    ones', last loss, the seconds each timed step waited for decoded pixels)."""
+    times, waits = [], []
     for i in range(steps + 1):
+        batch = next_batch()
         if device.type == "cuda":
             torch.cuda.synchronize()
             if i == 1:  # the phases' peaks of the steady steps, not the first's
@@ -145,9 +147,12 @@ def _timed_steps(step_engine, batch, steps, device):
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-        print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples: {times[-1]:.2f} s{' (untimed)' if i == 0 else ''}",
-              flush=True)
-    return times[0], times[1:], float(loss)
+        waits.append(getattr(batch, "decode_wait_s", 0.0))
+        print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples: {times[-1]:.2f} s"
+              + (f", waited {waits[-1]:.2f} s for decoding" if waits[-1] else "")
+              + (" (untimed)" if i == 0 else ""), flush=True)
+        del batch  # as the trainer: the next one is assembled meanwhile, a third is never held
+    return times[0], times[1:], float(loss), waits[1:]
 
 
 class _JpegBatches:
@@ -176,28 +181,6 @@ class _JpegBatches:
     def close(self):
         self._batches.close()
         self.data.close()
-
-
-def _timed_data_steps(step_engine, batches, steps, device):
-    """As _timed_steps, each step on the next local batch of `batches`; also the seconds each
-    timed step waited for decoded pixels."""
-    times, waits = [], []
-    for i in range(steps + 1):
-        batch = batches.next()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            if i == 1:
-                torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        loss = step_engine.train_step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        waits.append(batch.decode_wait_s)
-        print(f"  step {i + 1}/{steps + 1} of {len(batch)} samples from JPEG: {times[-1]:.2f} s, waited "
-              f"{waits[-1]:.2f} s for decoding{' (untimed)' if i == 0 else ''}", flush=True)
-        del batch  # as the trainer: the next one is assembled meanwhile, a third is never held
-    return times[0], times[1:], float(loss), waits[1:]
 
 
 def _profiled_step(step_engine, batch, rank):
@@ -287,7 +270,7 @@ def _worker(rank, world, args, port, ident):
                 if data == "jpeg":
                     batches = _JpegBatches(args, B, world, rank, info, device)
                     try:
-                        first, timed, loss, waits = _timed_data_steps(step_engine, batches, args.steps, device)
+                        first, timed, loss, waits = _timed_steps(step_engine, batches.next, args.steps, device)
                     finally:
                         batches.close()
                     wait = group_max(sum(waits) / len(waits))
@@ -296,7 +279,7 @@ def _worker(rank, world, args, port, ident):
                                decode_wait_share=wait / group_max(sum(timed) / len(timed)))
                 else:
                     batch = CyclingHostBatch(local, *pool)
-                    first, timed, loss = _timed_steps(step_engine, batch, args.steps, device)
+                    first, timed, loss, _ = _timed_steps(step_engine, lambda: batch, args.steps, device)
                 seconds = group_max(sum(timed) / len(timed))
                 phases = step_engine.phases.last
                 row.update(step_s=seconds, first_step_s=group_max(first), steps_s=timed, loss=loss,
