@@ -10,14 +10,15 @@ The tag's manifest is verified and every file is read with ``weights_only=True``
 (``training/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
 origin you trust. Problems are one line on stderr, exit status 2.
 """
-import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Dict, Optional
 
 import torch
 
+from .cli_args import ArgumentParser
 from .models import create_model, loss_of_state_dict, state_dict_shapes
 from .training.checkpoint import LATEST, resolve_tag
 from .training.manifest import MANIFEST, verify
@@ -88,12 +89,30 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None,
     return state_dict
 
 
-def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False) -> Dict[str, torch.Tensor]:
-    """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it."""
-    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag, trust)
+def check_out_path(out_path) -> Path:
+    """``--out`` names a file to create or replace: not a directory, a device or a FIFO (whose
+    writes could fail half-way or block). Checked before the checkpoint is read."""
     out_path = Path(out_path)
+    if out_path.exists() and not out_path.is_file():
+        kind = "a directory" if out_path.is_dir() else "not a regular file"
+        raise ValueError(f"--out {out_path} is {kind}: name the file to write, e.g. {out_path / 'model.pt'}"
+                         if out_path.is_dir() else f"--out {out_path} is {kind}: name a file to write")
+    return out_path
+
+
+def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False) -> Dict[str, torch.Tensor]:
+    """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it. Written
+    to a temporary file beside it, then renamed: a failed write leaves no partial file."""
+    out_path = check_out_path(out_path)
+    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag, trust)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state_dict, out_path)
+    partial = out_path.with_name(f".{out_path.name}.partial-{os.getpid()}")
+    try:
+        torch.save(state_dict, partial)
+        os.replace(partial, out_path)
+    except (OSError, RuntimeError) as err:  # torch's writer reports a short write as a RuntimeError
+        partial.unlink(missing_ok=True)
+        raise OSError(f"--out {out_path}: writing failed ({str(err).splitlines()[0][:160]})") from None
     return state_dict
 
 
@@ -107,7 +126,7 @@ def load_exported(path, name: str) -> torch.nn.Module:
 
 def main(argv=None) -> int:
     """``infcl-ds export --checkpoint DIR --out model.pt [--tag TAG]``."""
-    parser = argparse.ArgumentParser(prog="infcl-ds export",
+    parser = ArgumentParser(prog="infcl-ds export",
                                      description="DeepSpeed checkpoint -> open_clip state dict (torch.save)")
     parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
     parser.add_argument("--out", required=True, help="output file, e.g. model.pt")
@@ -115,6 +134,7 @@ def main(argv=None) -> int:
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     try:
+        check_out_path(args.out)  # before the checkpoint is read: a bad --out costs no time
         tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
         state_dict = export(tag_dir, args.out, trust=args.trust_checkpoint)
     except (CheckpointError, FileNotFoundError, ValueError, OSError) as err:

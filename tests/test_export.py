@@ -148,3 +148,22 @@ def test_eval_cli_on_real_digits(run, digits_split, tmp_path):
     for direction in ("image_to_text", "text_to_image"):
         recall = [metrics[f"{direction}_R@{k}"] for k in (1, 5, 10)]
         assert 0 <= recall[0] <= recall[1] <= recall[2] <= 1, recall
+
+
+@pytest.mark.parametrize("out", ["a directory", "/dev/full"])
+def test_export_out_that_is_not_a_file_is_one_line_before_the_checkpoint_is_read(out, tmp_path, capsys):
+    """--out a directory or a device: one line naming it, exit 2, nothing read or written
+    (the checkpoint here does not even exist: --out is checked first)."""
+    from infcl_ds.export import main as export_main
+    if out == "a directory":
+        out = str(tmp_path)
+    assert export_main(["--checkpoint", str(tmp_path / "no-run"), "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out} is " in err, err
+
+
+def test_eval_batch_size_zero_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        eval_main(["--checkpoint", str(tmp_path), "--data", str(tmp_path), "--batch-size", "0"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and "--batch-size: must be at least 1, got 0" in err

@@ -541,3 +541,21 @@ def test_a_fitting_zero3_recipe_is_told_when_zero2_fits_too(capsys):
     assert main(["--config", str(recipe), "--gpus", "8", "--set", "zero.stage=3"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-3].startswith("advice: zero.stage=2 also fits") and out[-2].startswith("fits: ")
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--encoder-tflops", "0"], "--encoder-tflops: must be a finite number above 0, got '0'"),
+    (["--encoder-tflops", "nan"], "--encoder-tflops: must be a finite number above 0, got 'nan'"),
+    (["--gpus", "-2"], "--gpus: must be at least 1, got -2"),
+    (["--scaling", "--ranks", "0"], "--ranks: must be at least 1, got 0"),
+    (["--scaling", "--dim", "-5"], "--dim: must be at least 1, got -5"),
+    (["--rates", "__file__"], "--rates"),
+])
+def test_bad_plan_arguments_are_one_line_naming_them(args, named, capsys):
+    """Each was a traceback (ZeroDivisionError, JSONDecodeError) or a silent nonsense plan."""
+    args = [__file__ if a == "__file__" else a for a in args]
+    with pytest.raises(SystemExit) as stop:
+        code = main(["--config", str(RECIPES / "vit-l14-256k-8gpu.yaml"), *args])
+        raise SystemExit(code)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and named in err, err

@@ -192,3 +192,11 @@ def test_a_base_config_nested_thousands_deep_is_one_line(tmp_path):
     deep.write_text("[" * 20000 + "]" * 20000)
     message = f"recipe: zero.base_config {deep} is nested too deeply to be a DeepSpeed config"
     _load_refused(None, [f"zero.base_config={deep}"], "^" + re.escape(message) + "$")
+
+
+def test_a_seed_beyond_32_bits_is_refused_at_load():
+    """numpy and Python take 32-bit seeds: 2**32 failed only when the trainer seeded them."""
+    from infcl_ds.config import RecipeError, load_recipe
+    assert load_recipe(None, [f"model.seed={2 ** 32 - 1}"]).model.seed == 2 ** 32 - 1
+    with pytest.raises(RecipeError, match="model.seed"):
+        load_recipe(None, [f"model.seed={2 ** 32}"])

@@ -39,7 +39,8 @@ class Section(BaseModel):
 class ModelSection(Section):
     name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
-    seed: NonNegativeInt = 0                     # initial weights and everything random
+    # initial weights and everything random; numpy's and Python's seeds take 32 bits
+    seed: Annotated[int, Strict(), Field(ge=0, le=2 ** 32 - 1)] = 0
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
     # torch.compile of both towers (engine/compile.py), once per chunk shape and pass. auto: on
     # for CUDA ranks under ZeRO 0-2, off on CPU ranks (inductor needs a C++ compiler and gains
@@ -148,9 +149,12 @@ class EvalSection(Section):
     batch_size: PositiveInt = 256
 
 
+MAX_TIMEOUT_MIN = 365 * 24 * 60
+
+
 class DistributedSection(Section):
-    timeout: Optional[float] = None              # minutes a rank waits on a peer (any positive number);
-                                                 # default: DEEPSPEED_TIMEOUT, else 30
+    timeout: Optional[float] = None              # minutes a rank waits on a peer, from 1 s to a year
+                                                 # (what a timedelta holds); default: DEEPSPEED_TIMEOUT, else 30
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -158,8 +162,9 @@ class DistributedSection(Section):
         # One message for every bad value (a bool, a word, zero, a negative number, infinity).
         if value is None:
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"must be a positive number of minutes, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 / 60 <= value <= MAX_TIMEOUT_MIN:
+            raise ValueError(f"must be a number of minutes from 1/60 (one second) to {MAX_TIMEOUT_MIN:,} "
+                             f"(a year), got {value!r}")
         return float(value)
 
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from multiprocessing import connection
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 

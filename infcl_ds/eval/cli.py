@@ -1,12 +1,12 @@
 """``infcl-ds eval --checkpoint DIR --data SPLIT_DIR [--tag TAG] [--batch-size N] [--out FILE]``:
 zero-shot and retrieval metrics of a training checkpoint on an eval split."""
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 
+from ..cli_args import ArgumentParser, positive_int
 from ..export import load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
 from ..models import create_model, get_tokenizer, loss_of_state_dict, model_info
 from ..training.safe_load import TRUST_FLAG, TRUST_HELP, CheckpointError
@@ -14,11 +14,11 @@ from . import evaluate, metric_label
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="infcl-ds eval", description=__doc__.split("\n", 1)[1].strip())
+    parser = ArgumentParser(prog="infcl-ds eval", description=__doc__.split("\n", 1)[1].strip())
     parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
     parser.add_argument("--data", required=True, help="eval split directory")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=256)
     parser.add_argument("--out", default=None, help="also write the metrics to this JSON file")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
+from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_number
 from ..config import RecipeError, load_recipe
 from .errors import PlanError
 from .plan import make_plan
@@ -71,20 +72,20 @@ def _world(args) -> Tuple[int, Optional[int]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="infcl-ds plan", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="infcl-ds plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="recipe YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override, as for training (repeatable)")
-    p.add_argument("--gpus", type=int, default=0, help="data-parallel ranks (default: from the hostfile)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus", type=positive_int, default=0, help="data-parallel ranks (default: from the hostfile)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--gpu-memory", type=parse_size, default=parse_size("80GiB"), help="per GPU (default 80GiB)")
     p.add_argument("--host-memory", type=parse_size, default=None,
                    help="per node (default: 2TiB, reported as assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
-    p.add_argument("--encoder-tflops", type=float, default=None,
+    p.add_argument("--encoder-tflops", type=positive_number, default=None,
                    help="effective encoder rate per GPU, bf16, for every model (default: the model's measured "
                         f"rates if any, else {DEFAULT_ENCODER_TFLOPS:g}, ViT-B-16's measured rate)")
-    p.add_argument("--max-step-time", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-step-time", type=positive_number, default=None, metavar="SECONDS",
                    help="a step-time budget, weighed as a third limit")
     p.add_argument("--rates", default=None, help="loss.json of `infcl-ds bench loss` (default: docs/benchmarks)")
     launcher = p.add_argument_group("the launch (as DeepSpeed's launcher reads it)")
@@ -96,18 +97,27 @@ def _parser() -> argparse.ArgumentParser:
     scaling = p.add_argument_group("ring scaling table (docs/planner.md)")
     scaling.add_argument("--scaling", action="store_true", help="print the table instead of a plan")
     scaling.add_argument("--batch", default="4M,12M", help="global batches, comma-separated")
-    scaling.add_argument("--dim", type=int, default=768)
-    scaling.add_argument("--ranks", default="8,16,32,64,128,256,512,1024")
+    scaling.add_argument("--dim", type=positive_int, default=768)
+    scaling.add_argument("--ranks", type=positive_ints, default="8,16,32,64,128,256,512,1024")
     return p
+
+
+def _rates(path: Optional[str]) -> KernelRates:
+    """--rates, or the shipped loss rates; a file that is not one is a PlanError naming it."""
+    try:
+        return KernelRates.load(path or None)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise PlanError(f"plan: --rates {path}: not a loss.json written by `infcl-ds bench loss` "
+                        f"({type(err).__name__}: {str(err)[:120]})") from None
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        rates = KernelRates.load(args.rates or None)
+        rates = _rates(args.rates)
         if args.scaling:
             rows = ring_scaling_table([parse_count(b) for b in args.batch.split(",")], args.dim,
-                                      [int(r) for r in args.ranks.split(",")], args.gpus_per_node, rates=rates)
+                                      args.ranks, args.gpus_per_node, rates=rates)
             print(render_scaling(rows, rates, args.dim))
             return 0
         if not args.config:

@@ -21,6 +21,8 @@ from typing import Optional
 
 import torch
 
+from ..config.recipe import MAX_TIMEOUT_MIN
+
 _SOURCES = {
     "RANK": ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
     "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
@@ -56,8 +58,9 @@ def parse_timeout_minutes(text: str) -> float:
         minutes = float(text)
     except ValueError:
         minutes = float("nan")
-    if not (minutes > 0 and math.isfinite(minutes)):
-        raise ValueError(f"DEEPSPEED_TIMEOUT={text!r}: the collective timeout must be a positive number of minutes")
+    if not 1 / 60 <= minutes <= MAX_TIMEOUT_MIN:  # the recipe key's bounds (NaN fails too)
+        raise ValueError(f"DEEPSPEED_TIMEOUT={text!r}: the collective timeout must be a number of minutes from "
+                         f"1/60 (one second) to {MAX_TIMEOUT_MIN:,} (a year)")
     return minutes
 
 

@@ -1,0 +1,37 @@
+"""Argument types and the parser the `infcl-ds` commands share: a bad value is one line naming
+the option and the value (argparse's own `error` prints the whole usage first), exit 2."""
+import argparse
+import math
+import sys
+from typing import List
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"{self.prog}: {message} (--help lists the options)", file=sys.stderr)
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+    return value
+
+
+def positive_ints(text: str) -> List[int]:
+    """'8,16,32' -> [8, 16, 32], each at least 1."""
+    return [positive_int(part) for part in text.split(",")]
