@@ -44,7 +44,8 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
 
     Args:
         image_features, text_features: [b, D], fp32/bf16/fp16, same device (CUDA or CPU).
-            Usually L2-normalised, but any finite values are exact.
+            Usually L2-normalised, but any finite values whose logits fit in float32 are
+            exact (larger ones are a ValueError with check_finite).
         logit_scale: the multiplier s, 0-dim or 1-element tensor (may require grad).
         group: process group; None is the default group when torch.distributed is
             initialised. Without one, or with a group of one rank, the single-device loss.

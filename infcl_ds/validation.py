@@ -14,6 +14,8 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D [batch, dim], got shape {tuple(t.shape)}")
+        if t.layout != torch.strided:
+            raise ValueError(f"{name} is a {t.layout} tensor; pass dense features ({name}.to_dense())")
         if t.dtype not in FEATURE_DTYPES:
             raise ValueError(f"{name} has dtype {t.dtype}; supported: float32, bfloat16, float16")
     if image.shape[0] != text.shape[0]:
@@ -30,14 +32,33 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
         raise ValueError(f"dtype mismatch: image_features {image.dtype}, text_features {text.dtype}")
     logit_scale = as_scalar_tensor("logit_scale", logit_scale, image.device)
     if check_finite:
-        # One fused reduction and one host sync: far cheaper than the loss itself, and a
-        # NaN caught here names its source instead of surfacing as a NaN loss later.
-        bad = torch.stack([~torch.isfinite(image).all(), ~torch.isfinite(text).all(),
-                           ~torch.isfinite(logit_scale.detach()).all()]).tolist()
-        for name, is_bad in zip(("image_features", "text_features", "logit_scale"), bad):
+        # A few reductions and one host sync: far cheaper than the loss itself, and a NaN
+        # caught here names its source instead of surfacing as a NaN loss later.
+        peaks = [torch.aminmax(t.detach()) for t in (image, text)]
+        checks = torch.stack([~torch.isfinite(image).all(), ~torch.isfinite(text).all(),
+                              ~torch.isfinite(logit_scale.detach()).all(),
+                              *[torch.maximum(-low, high).float() for low, high in peaks],
+                              logit_scale.detach().float().abs().reshape(())]).tolist()
+        for name, is_bad in zip(("image_features", "text_features", "logit_scale"), checks[:3]):
             if is_bad:
                 raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+        check_logits_fit(*checks[3:], image.shape[1])
     return logit_scale
+
+
+# The logits are summed in fp32 (whatever the features' dtype): their magnitude must stay below
+# its largest finite value, or the loss is Inf/NaN.
+FP32_MAX = torch.finfo(torch.float32).max
+
+
+def check_logits_fit(image_peak: float, text_peak: float, scale: float, dim: int) -> None:
+    """Every logit s x.y is at most s * dim * max|x| * max|y| in magnitude; past fp32's range
+    the loss could not be exact, so such features are refused instead of returning NaN."""
+    bound = scale * dim * image_peak * text_peak
+    if bound >= FP32_MAX:
+        raise ValueError(f"features too large for finite logits: |logit_scale| x dim x max|image_features| x "
+                         f"max|text_features| = {bound:.3g} reaches float32's {FP32_MAX:.3g} "
+                         "(L2-normalise the features)")
 
 
 def as_scalar_tensor(name: str, value, device: torch.device) -> torch.Tensor:

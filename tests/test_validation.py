@@ -49,3 +49,17 @@ def test_group_without_distributed():
     image, text = feats()
     with pytest.raises(ValueError, match="torch.distributed is not initialised"):
         contrastive_loss(image, text, torch.tensor(1.0), group=object())
+
+
+def test_sparse_features_and_logits_past_float32_are_value_errors():
+    """A sparse tensor was a NotImplementedError from inside the kernels; features of 1e19
+    returned a NaN loss although each value is finite."""
+    import torch
+    from infcl_ds import contrastive_loss
+    x = torch.nn.functional.normalize(torch.randn(5, 7, dtype=torch.float64), dim=1).float()
+    with pytest.raises(ValueError, match="image_features is a torch.sparse_coo tensor"):
+        contrastive_loss(x.to_sparse(), x, 10.0)
+    with pytest.raises(ValueError, match="features too large for finite logits"):
+        contrastive_loss(x * 1e19, x * 1e19, 10.0)
+    big = contrastive_loss(x * 1e3, x * 1e3, 1.0)  # large but within range: computed, finite
+    assert torch.isfinite(big)
