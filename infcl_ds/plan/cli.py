@@ -27,6 +27,10 @@ _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 
           "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
+# An 80 GB H100/A100-class GPU when --gpu-memory is not given.
+ASSUMED_GPU_MEMORY = 80 << 30
+
+
 def parse_size(text: str) -> int:
     """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024' (bytes)."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
@@ -78,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="recipe override, as for training (repeatable)")
     p.add_argument("--gpus", type=positive_int, default=0, help="data-parallel ranks (default: from the hostfile)")
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
-    p.add_argument("--gpu-memory", type=parse_size, default=parse_size("80GiB"), help="per GPU (default 80GiB)")
+    p.add_argument("--gpu-memory", type=parse_size, default=None,
+                   help=f"per GPU (default: {ASSUMED_GPU_MEMORY // 2**30} GiB, said to be assumed)")
     p.add_argument("--host-memory", type=parse_size, default=None,
                    help="per node (default: 2TiB, reported as assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
@@ -124,13 +129,14 @@ def main(argv=None) -> int:
             raise PlanError("plan: --config RECIPE is required (or --scaling)")
         recipe = load_recipe(args.config, args.overrides)
         gpus, per_node = _world(args)
-        plan = make_plan(recipe, gpus, args.gpu_memory, per_node or args.gpus_per_node, args.host_memory,
+        plan = make_plan(recipe, gpus, args.gpu_memory or ASSUMED_GPU_MEMORY, per_node or args.gpus_per_node,
+                         args.host_memory,
                          encoder_tflops=args.encoder_tflops, network=args.network,
                          max_step_s=args.max_step_time, rates=rates)
     except (RecipeError, PlanError) as err:
         print(f"refused: {err}", file=sys.stderr)
         return 2
-    print(render_plan(plan))
+    print(render_plan(plan, gpu_memory_assumed=args.gpu_memory is None))
     return 0 if plan.fits else 1
 
 

@@ -69,8 +69,12 @@ def _host_line(plan: Plan) -> str:
                   f"{rate.available:,.0f} available from {rate.workers} decode processes at the measured "
                   f"{rate.per_worker:,.0f} per process")
         if rate.binds:
+            needed = rate.workers_needed()
+            fix = (f"set data.decode_workers={needed}" if needed <= MAX_DECODE_WORKERS_ADVISED else
+                   f"{needed:,} decode processes per rank would be needed: hold the batch decoded "
+                   "(data.host_batch=decoded) or give each step more work")
             lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "
-                      f"{plan.time.total:.0f} s (set data.decode_workers={rate.workers_needed()})")
+                      f"{plan.time.total:.0f} s ({fix})")
     return lines
 
 
@@ -123,11 +127,17 @@ def _limit_lines(plan: Plan) -> List[str]:
     return lines
 
 
-def render_plan(plan: Plan) -> str:
-    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last."""
+# More decode processes per rank than this is no advice: a node has a few dozen cores per GPU.
+MAX_DECODE_WORKERS_ADVISED = 64
+
+
+def render_plan(plan: Plan, gpu_memory_assumed: bool = False) -> str:
+    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last. A GPU
+    size the caller assumed (no --gpu-memory) is said to be one, in the verdict."""
     lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan), ""] + _time_lines(plan)
     lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice]
-    lines += [plan.verdict, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
+    assumed = f" (assumed {mem.gib(plan.gpu_memory_bytes)} GiB GPUs; pass --gpu-memory)" if gpu_memory_assumed else ""
+    lines += [plan.verdict + assumed, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
     return "\n".join(lines)
 
 
