@@ -49,11 +49,19 @@ def resolve_tag_dir(checkpoint_dir, tag: Optional[str] = None) -> Path:
 def run_model_name(checkpoint_dir) -> str:
     """The model name in the run's recipe (``model: {name: ...}`` in RUN/recipe.yaml)."""
     import yaml
+
+    from .config import recipe_yaml
     path = Path(checkpoint_dir).resolve()
     for run_dir in (path, path.parent, path.parent.parent):
         if (run_dir / RECIPE).is_file():
-            recipe = yaml.safe_load((run_dir / RECIPE).read_text())
-            return recipe["model"]["name"]
+            try:  # the recipe's own YAML rules: no tag builds an object, no alias expands
+                name = recipe_yaml.load((run_dir / RECIPE).read_text())["model"]["name"]
+            except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{run_dir / RECIPE} is not a recipe with model.name "
+                                 f"({type(err).__name__}: {str(err).splitlines()[0][:160]})") from None
+            if not isinstance(name, str):
+                raise ValueError(f"{run_dir / RECIPE}: model.name is not a name: {name!r:.80}")
+            return name
     raise FileNotFoundError(f"no {RECIPE} in {path} or the two directories above it")
 
 

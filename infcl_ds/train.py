@@ -172,7 +172,7 @@ class Trainer:
         tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
         checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
         saved = tag_dir / checkpoint.RECIPE
-        changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe)) if saved.is_file() else []
+        changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
             raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
                                   f"({'; '.join(changes)}): refused; pass --allow-recipe-change to resume anyway")

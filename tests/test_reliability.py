@@ -453,3 +453,27 @@ def test_export_and_eval_name_a_missing_path_in_one_line(trained, tmp_path, caps
     assert eval_main(["--checkpoint", str(run_dir), "--data", str(tmp_path / "no_split")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("infcl-ds")]
     assert len(err) == 1 and "no_split" in err[0], err
+
+
+# --- files of a run that were tampered with ----------------------------------------------------
+
+def test_a_manifest_entry_that_is_not_an_entry_is_a_damaged_manifest(tmp_path):
+    """A number in place of {"bytes", "sha256"} was an AttributeError traceback."""
+    from infcl_ds.training.manifest import read_manifest
+    from infcl_ds.training.safe_load import CheckpointError
+    (tmp_path / "manifest.json").write_text('{"format": 1, "files": {"model.pt": 5}}')
+    with pytest.raises(CheckpointError, match="manifest.json is damaged"):
+        read_manifest(tmp_path)
+
+
+def test_a_saved_recipe_with_a_python_tag_is_one_line_not_a_constructor_traceback(tmp_path):
+    from infcl_ds.export import run_model_name
+    from infcl_ds.training.recipe_change import trajectory_changes
+    from infcl_ds.training.safe_load import CheckpointError
+    hostile = "model: {name: !!python/object/apply:os.system [touch pwned]}\n"
+    with pytest.raises(CheckpointError, match=r"run/recipe.yaml is not a recipe: .*python/object/apply"):
+        trajectory_changes(hostile, "model: {name: infcl-tiny}\n", "run/recipe.yaml")
+    (tmp_path / "recipe.yaml").write_text(hostile)
+    with pytest.raises(ValueError, match=r"recipe.yaml is not a recipe with model.name"):
+        run_model_name(tmp_path)
+    assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")

@@ -45,7 +45,10 @@ def read_manifest(tag_dir: Path) -> Dict:
     try:
         manifest = json.loads(path.read_text())
         files = manifest["files"]
-        if not isinstance(files, dict):
+        # Each entry as write_manifest writes it: {"bytes": int, "sha256": str}.
+        if not isinstance(files, dict) or not all(
+                isinstance(e, dict) and type(e.get("bytes")) is int and isinstance(e.get("sha256"), str)
+                for e in files.values()):
             raise TypeError
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CheckpointError(f"checkpoint {tag_dir}: {MANIFEST} is damaged") from None

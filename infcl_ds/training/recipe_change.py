@@ -11,6 +11,9 @@ from typing import Any, Dict, List
 
 import yaml
 
+from ..config import recipe_yaml
+from .safe_load import CheckpointError
+
 TRAJECTORY_KEYS = (
     "model.name", "model.seed", "model.loss",
     "data.source", "data.train", "data.csv_img_key", "data.csv_caption_key", "data.csv_separator",
@@ -41,9 +44,17 @@ def _leaves(value, prefix: str) -> Dict[str, Any]:
     return {prefix: value}
 
 
-def trajectory_changes(saved_yaml: str, current_yaml: str) -> List[str]:
-    """``["schedule.steps: 12 -> 20", ...]``: the trajectory keys whose values differ."""
-    saved, current = yaml.safe_load(saved_yaml) or {}, yaml.safe_load(current_yaml) or {}
+def trajectory_changes(saved_yaml: str, current_yaml: str, saved_from: str = "the checkpoint's recipe.yaml") -> List[str]:
+    """``["schedule.steps: 12 -> 20", ...]``: the trajectory keys whose values differ. The saved
+    recipe is read by the recipe's own YAML rules (no tag builds an object, no alias expands);
+    one that breaks them, or is not a mapping, is a CheckpointError naming ``saved_from``."""
+    try:
+        saved = recipe_yaml.load(saved_yaml) or {}
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{saved_from} is not a recipe: {str(err).splitlines()[0][:200]}") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{saved_from} is not a recipe: a {type(saved).__name__}, not a mapping")
+    current = recipe_yaml.load(current_yaml) or {}
     changes = []
     for key in TRAJECTORY_KEYS:
         before, after = _leaves(_lookup(saved, key), key), _leaves(_lookup(current, key), key)
