@@ -477,3 +477,22 @@ def test_a_saved_recipe_with_a_python_tag_is_one_line_not_a_constructor_tracebac
     with pytest.raises(ValueError, match=r"recipe.yaml is not a recipe with model.name"):
         run_model_name(tmp_path)
     assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
+
+
+def test_a_taken_master_port_is_named_not_blamed_on_a_peer(tmp_path):
+    """Rank 0 cannot open the job's store on a port another process holds: one line naming the
+    port, exit 2 (it was reported as a stopped, wedged or dead peer, exit 3)."""
+    import socket
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0",
+                   WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        out = subprocess.run([sys.executable, "-m", "infcl_ds.train", "--config", str(TINY),
+                              "--set", f"output_dir={tmp_path / 'run'}"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("infcl-ds train:")]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert f"MASTER_PORT {port} on 127.0.0.1 is taken by another process" in lines[0], lines
+    assert "Traceback" not in out.stderr

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ..config.recipe import MAX_TIMEOUT_MIN
+from .preflight import StartupError
 
 _SOURCES = {
     "RANK": ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
@@ -123,10 +124,18 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s or collective_timeout_s())
     join = max(timeout, timedelta(minutes=JOIN_TIMEOUT_MIN))
-    if not cuda and not torch.distributed.is_initialized():
-        _join_gloo(timeout, join)  # deepspeed.comm then drives this group
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
-                               timeout=join, verbose=False)
+    try:
+        if not cuda and not torch.distributed.is_initialized():
+            _join_gloo(timeout, join)  # deepspeed.comm then drives this group
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
+                                   timeout=join, verbose=False)
+    except RuntimeError as err:  # torch's DistNetworkError among them
+        if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
+            # Rank 0 could not open the job's store: not a peer's failure, this machine's port.
+            raise StartupError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} on {os.environ['MASTER_ADDR']} is "
+                               "taken by another process: pick a free port (the launcher's --master_port, or "
+                               "MASTER_PORT)") from None
+        raise
     torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
     _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
