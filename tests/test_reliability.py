@@ -496,3 +496,20 @@ def test_a_taken_master_port_is_named_not_blamed_on_a_peer(tmp_path):
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
     assert f"MASTER_PORT {port} on 127.0.0.1 is taken by another process" in lines[0], lines
     assert "Traceback" not in out.stderr
+
+
+def test_an_allowed_class_called_with_bad_arguments_is_a_damaged_file(tmp_path):
+    """The weights-only reader lets DeepSpeed's LossScaler through; a file that calls it with
+    arguments it does not take raised its constructor's TypeError as a traceback."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+
+    from infcl_ds.training.safe_load import CheckpointError, load_weights_only
+
+    class BadCall:
+        def __reduce__(self):
+            return LossScaler, ("too", "many", "arguments", "for", "it", "to", "take")
+
+    path = tmp_path / "client.pt"
+    torch.save({"scaler": BadCall()}, path)
+    with pytest.raises(CheckpointError, match="client.pt cannot be read"):
+        load_weights_only(path)
