@@ -137,6 +137,7 @@ class DecodePool:
             self._procs.append(proc)
             self._busy.append(None)  # the entry a worker decodes
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a wake-up never blocks its caller
 
     @property
     def pids(self) -> List[int]:
@@ -216,6 +217,13 @@ class DecodePool:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(_JOIN_S)
         self._stop_workers()
+        if self._thread is None or not self._thread.is_alive():  # nobody waits on the wake pipe now
+            with self._lock:
+                # Forgotten first, closed second: a later _wake() must not write to a reused number.
+                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
 
     # -- shared state, under the lock --------------------------------------------------------
     def _check(self) -> None:
@@ -245,10 +253,12 @@ class DecodePool:
         self._lock.notify_all()
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:  # closed: the dispatcher is gone
-            pass
+        with self._lock:
+            if self._wake_w is not None:  # else closed: the dispatcher is gone
+                try:
+                    os.write(self._wake_w, b"x")
+                except BlockingIOError:  # the pipe is full of wake-ups already
+                    pass
 
     # -- the dispatcher thread ---------------------------------------------------------------
     def _next_planned(self) -> Optional[_Entry]:
