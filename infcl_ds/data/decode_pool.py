@@ -68,7 +68,7 @@ def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
             return
         key, slot, request = task
         try:
-            row0, pixels, source, replaced = pieces[request]
+            _, pixels, source, replaced = pieces[request]
             arena[slot, :len(pixels)].copy_(pixels)
             conn.send((key, slot, source.tolist(), replaced, None))
         except Exception as err:  # noqa: BLE001 - the piece's error, raised in the rank
@@ -81,12 +81,12 @@ class DecodePoolError(DataError):
 
 class _Entry:
     """One planned piece: rows [lo, hi) of a batch, its request built when it is sent."""
-    __slots__ = ("lo", "hi", "request", "state", "slot", "worker", "result", "error", "taken")
+    __slots__ = ("lo", "hi", "request", "state", "slot", "result", "error", "taken")
 
     def __init__(self, lo: int, hi: int, request: Callable):
         self.lo, self.hi, self.request = lo, hi, request
         self.state = "planned"  # -> sent -> ready (or failed) -> taken; dropped when skipped
-        self.slot = self.worker = self.result = self.error = None
+        self.slot = self.result = self.error = None
         self.taken = False  # by a consumer who waits for it: not matched again
 
 
@@ -95,7 +95,6 @@ class Decoded:
 
     def __init__(self, pool, entry: _Entry):
         self._pool, self._entry = pool, entry
-        self.row0 = entry.lo
         self.pixels = pool.arena[entry.slot, :entry.hi - entry.lo]
         self.source, self.replaced = torch.tensor(entry.result[0], dtype=torch.int64), entry.result[1]
 
@@ -312,7 +311,7 @@ class DecodePool:
                 entry.state = "dropped"
                 continue
             worker = idle.pop(0)
-            entry.state, entry.slot, entry.worker = "sent", self._free.pop(), worker
+            entry.state, entry.slot = "sent", self._free.pop()
             self._busy[worker] = entry
             sends.append((worker, (id(entry), entry.slot, request)))
         return sends

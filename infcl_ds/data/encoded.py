@@ -101,7 +101,7 @@ class _InProcess:
     """A piece decoded in the calling process, shaped like decode_pool.Decoded."""
 
     def __init__(self, result):
-        self.row0, self.pixels, self.source, self.replaced = result
+        _, self.pixels, self.source, self.replaced = result
 
     def release(self, after=None) -> None:
         pass
