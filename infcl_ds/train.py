@@ -1,10 +1,12 @@
-"""`infcl-ds train --config RECIPE.yaml [--set key=value ...] [--resume latest]`.
+"""`infcl-ds train --config RECIPE.yaml [--set key=value ...] [--resume latest | --restart]`.
 
 Also ``deepspeed [launcher flags] --module infcl_ds.train --config RECIPE.yaml``, ``mpirun``
 and ``srun`` (see docs/multi-node.md). One optimizer step per global batch: the engine encodes
 the local batch in chunks, computes the exact loss over all ranks with the ring, re-encodes
 and steps (infcl_ds/engine/step.py). The run directory (recipe key ``output_dir``) holds the
-resolved recipe, checkpoints, metrics.csv / eval.csv / TensorBoard and metrics.png.
+resolved recipe, checkpoints, metrics.csv / eval.csv / TensorBoard and metrics.png, of one run:
+a start without --resume into a directory that holds a run is refused, and --restart moves
+that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py).
 
 Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data,
 output directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or
@@ -35,6 +37,9 @@ def parse_args(argv: Optional[List[str]]):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. --set batch.global=1024 (repeatable)")
     parser.add_argument("--resume", default=None, help="'latest' or a checkpoint tag in OUTPUT_DIR/checkpoints")
+    parser.add_argument("--restart", action="store_true",
+                        help="start over in an OUTPUT_DIR that holds a run: its files are moved to "
+                             "OUTPUT_DIR.old-<UTC time> first (nothing is deleted)")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     parser.add_argument("--allow-recipe-change", action="store_true",
                         help="resume although the recipe changed in a way that alters the run (schedule, batch, "
@@ -88,7 +93,7 @@ class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
     def __init__(self, recipe: Recipe, resume: Optional[str] = None, trust_checkpoint: bool = False,
-                 allow_recipe_change: bool = False):
+                 allow_recipe_change: bool = False, restart: bool = False):
         import deepspeed.comm as dist
 
         from .data import build_eval_data, build_train_data
@@ -114,7 +119,10 @@ class Trainer:
         check_paths(recipe.data)
         self.run_dir = check_output_dir(recipe.output_dir, self.rank)
         self.checkpoint_dir = self.run_dir / "checkpoints"
-        self.resume_dir = self._resume_dir(resume or recipe.checkpoint.resume, allow_recipe_change)
+        resume = resume or recipe.checkpoint.resume
+        if not resume:
+            self._claim_run_dir(restart)
+        self.resume_dir = self._resume_dir(resume, allow_recipe_change)
         self.phase = "building the model, engine and data"
         random.seed(recipe.model.seed)
         np.random.seed(recipe.model.seed)
@@ -161,6 +169,38 @@ class Trainer:
                  "local_batch": recipe.local_batch(self.world), "steps_per_epoch": self.data.steps_per_epoch}, indent=1))
 
     # -- construction -------------------------------------------------------------------
+    def _claim_run_dir(self, restart: bool) -> None:
+        """A fresh start owns its directory. Without --restart every rank reads the same
+        directory before any rank has written to it (nothing counted by held_run is written
+        before the engine's collectives), so all refuse alike. With --restart rank 0 moves the
+        old run aside and every rank waits on one all-reduce (the process group exists): no
+        rank writes into the directory mid-move, and a failed move stops every rank."""
+        import deepspeed.comm as dist
+
+        from .training.preflight import StartupError, held_run, move_old_run
+        if not restart:
+            held = held_run(self.run_dir)
+            if held is not None:
+                raise StartupError(
+                    f"output_dir {self.run_dir} already holds a run ({held}): pass --resume latest to continue it, "
+                    f"or --restart to move it to {self.run_dir}.old-<UTC time> "
+                    f"and start over")
+            return
+        moved, failure = None, None
+        if self.rank == 0:
+            try:
+                moved = move_old_run(self.run_dir)
+            except OSError as err:
+                failure = err
+        failed = torch.tensor([float(failure is not None)], device=self.device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if failed.item():
+            why = f": {failure}" if failure is not None else " (see rank 0)"
+            raise StartupError(f"--restart could not move the run in output_dir {self.run_dir} aside{why}")
+        if moved is not None:
+            print(f"infcl-ds train: --restart: moved the previous run of {self.run_dir} to {moved}",
+                  file=sys.stderr, flush=True)
+
     def _resume_dir(self, tag: Optional[str], allow_recipe_change: bool) -> Optional[Path]:
         """The verified checkpoint to resume (None for a fresh run), read before any heavy
         set-up: its tag inside checkpoints/, its manifest, this rank's client state
@@ -388,11 +428,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (RecipeError, ValueError) as err:
         print(f"infcl-ds train: {err}", file=sys.stderr)
         return USER_ERROR_EXIT
+    if args.restart and (args.resume or recipe.checkpoint.resume):
+        print(f"infcl-ds train: --restart starts over and "
+              f"{'--resume' if args.resume else 'checkpoint.resume'} continues a run: give one of them",
+              file=sys.stderr)
+        return USER_ERROR_EXIT
     start = time.perf_counter()
     trainer = None
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
-                          allow_recipe_change=args.allow_recipe_change)
+                          allow_recipe_change=args.allow_recipe_change, restart=args.restart)
     except _user_errors() as err:  # found by every rank alike, before any work: a plain return
         print(f"infcl-ds train: {err}", file=sys.stderr)
         return USER_ERROR_EXIT

@@ -3,7 +3,7 @@
 #
 #   launch/mpi.sh RECIPE -np N [--hostfile F] [--master_addr A] [--master_port P]
 #                 [--gpu-memory 80GiB] [--host-memory 2TiB] [--no-plan]
-#                 [--resume TAG] [--set key=value ...] [-- more mpirun arguments]
+#                 [--resume TAG | --restart] [--set key=value ...] [-- more mpirun arguments]
 #
 # Each process runs `python -m infcl_ds.train` and joins the job from OpenMPI's
 # OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK (infcl_ds/training/distributed.py) with the
@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
     --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
     --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
+    --restart) trainer+=("$1"); shift ;;
     --no-plan) plan=0; shift ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) usage 0 ;;

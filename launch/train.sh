@@ -5,9 +5,9 @@
 #   launch/train.sh RECIPE [--hostfile F] [--include S] [--exclude S] [--num_nodes N]
 #                   [--num_gpus N] [--master_addr A] [--master_port P] [--no_ssh --node_rank I]
 #                   [--ssh_port P] [--enable_each_rank_log DIR] [--gpu-memory 80GiB] [--host-memory 2TiB] [--no-plan]
-#                   [--resume TAG] [--set key=value ...]
+#                   [--resume TAG | --restart] [--set key=value ...]
 #
-# Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ...]
+# Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ... | --restart]
 # With a hostfile, ./.deepspeed_env (DeepSpeed reads it from the working directory) gets
 # this shell's NCCL_*, GLOO_*, TORCH_*, TRITON_*, PYTHONPATH, PYTORCH_CUDA_ALLOC_CONF,
 # OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT and the names in INFCL_FORWARD_ENV, for
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
     --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
     --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); trainer_sets+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
+    --restart) trainer+=("$1"); shift ;;
     --no-plan) plan=0; shift ;;
     -h|--help) usage 0 ;;
     *) echo "train.sh: unknown argument $1" >&2; usage ;;

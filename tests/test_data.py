@@ -462,3 +462,97 @@ def test_data_check_names_what_is_missing(tmp_path, id_shards, digits_dir):
         check_paths(data("data.source=csv", f"data.train={tmp_path}/x.csv"))
     with pytest.raises(DataError, match="no zeroshot.json"):
         check_paths(data("data.source=synthetic", f"data.eval={id_shards}"))
+
+
+# ---------------------------------------------------------------------------- files that are not images
+
+def _special_rows_csv(tmp_path):
+    """A CSV of 4 rows: two images, /dev/zero (never ends) and a FIFO (blocks its reader)."""
+    import os
+    (tmp_path / "img").mkdir()
+    for i in (0, 3):
+        id_image(i).save(tmp_path / "img" / f"{i}.png")
+    fifo = tmp_path / "img" / "fifo.png"
+    os.mkfifo(fifo)
+    (tmp_path / "pairs.csv").write_text("filepath,title\nimg/0.png,zero\n/dev/zero,one\nimg/fifo.png,two\n"
+                                        "img/3.png,three\n")
+    return tmp_path / "pairs.csv", fifo
+
+
+def _release(fifo):
+    """Lets a reader blocked on the FIFO go (it sees end of file): the test ends either way."""
+    import os
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader waiting
+
+
+@pytest.mark.parametrize("host_batch", ["encoded", "decoded"])
+def test_csv_rows_naming_a_device_or_a_fifo_are_replaced_fast(tmp_path, tokenizer, host_batch):
+    import threading
+    path, fifo = _special_rows_csv(tmp_path)
+    data = build({"source": "csv", "train": str(path), "augment": False, "workers": 0, "host_batch": host_batch},
+                 tokenizer, local_batch=2)
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(batches=list(data)), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    _release(fifo)
+    assert not reader.is_alive(), "reading the epoch blocked"
+    batches = out["batches"]
+    # Each unusable row is replaced by the next usable one in storage order (img/3.png twice).
+    assert data.skipped == 2 and sorted(i for b in batches for i in ids_of(b)) == [0, 3, 3, 3]
+
+
+def test_reading_an_image_file_is_bounded(tmp_path, monkeypatch):
+    from infcl_ds.data import samples
+    from infcl_ds.data.samples import SkipSample, read_image_file
+    monkeypatch.setattr(samples, "MAX_IMAGE_BYTES", 1000)
+    (tmp_path / "big.png").write_bytes(b"x" * 1001)
+    (tmp_path / "fits.png").write_bytes(b"x" * 1000)
+    with pytest.raises(SkipSample, match=r"big.png is 0.0 MiB, over the 0 MiB limit \(MAX_IMAGE_BYTES\)"):
+        read_image_file(tmp_path / "big.png")
+    assert read_image_file(tmp_path / "fits.png") == b"x" * 1000
+    with pytest.raises(SkipSample, match="/dev/zero is a character device, not a regular file"):
+        read_image_file("/dev/zero")
+    with pytest.raises(SkipSample, match="cannot read image .*absent.png"):
+        read_image_file(tmp_path / "absent.png")
+
+
+def _data_check(capsys, *sets):
+    from infcl_ds.data.check import main
+    from launch_utils import TINY
+    args = ["--config", str(TINY), "--set", "data.eval=null"]
+    for item in sets:
+        args += ["--set", item]
+    code = main(args)
+    return code, capsys.readouterr()
+
+
+def test_data_check_names_a_csv_row_that_is_a_device_or_a_fifo(tmp_path, capsys):
+    path, fifo = _special_rows_csv(tmp_path)
+    code, out = _data_check(capsys, "data.source=csv", f"data.train={path}")
+    assert code == 2
+    assert out.err == (f"infcl-ds data check: CSV {path} line 3: image /dev/zero is a character device, not a regular "
+                       f"file; only regular files of at most 64 MiB are read as samples\n")
+    path.write_text("filepath,title\nimg/0.png,zero\nimg/absent.png,gone\nimg/fifo.png,two\n")
+    code, out = _data_check(capsys, "data.source=csv", f"data.train={path}")
+    assert code == 2 and f"CSV {path} line 4: image img/fifo.png is a FIFO, not a regular file" in out.err
+    path.write_text("filepath,title\nimg/0.png,zero\nimg/absent.png,gone\n")  # a missing image: skipped in training
+    assert _data_check(capsys, "data.source=csv", f"data.train={path}")[0] == 0
+
+
+def test_a_shard_that_is_a_fifo_or_a_device_is_refused(tmp_path, id_shards, capsys):
+    import os
+    import shutil
+    shards = tmp_path / "shards"
+    shutil.copytree(id_shards, shards)
+    os.mkfifo(shards / "shard-000009.tar")
+    code, out = _data_check(capsys, "data.source=webdataset", f"data.train={shards}")
+    assert code == 2
+    assert out.err == f"infcl-ds data check: shard {shards}/shard-000009.tar is a FIFO, not a regular file: refused\n"
+    code, out = _data_check(capsys, "data.source=webdataset", "data.train=/dev/zero")
+    assert code == 2 and "shard /dev/zero is a character device, not a regular file: refused" in out.err
+    with pytest.raises(DataError, match="shard-000009.tar is a FIFO"):
+        build(id_spec(shards), tokenizer=None)

@@ -98,6 +98,8 @@ def run_trainer(recipe: Path, steps: int, resume: bool, log: Path, host_batch: s
                 "--set", f"output_dir={run_dir}"]
     if resume:  # to more steps than the first run's recipe: a schedule change, allowed here
         command += ["--resume", "latest", "--allow-recipe-change"]
+    else:  # a measurement again: the previous one's run is moved aside (RUN_DIR.old-<time>)
+        command += ["--restart"]
     started = time.monotonic()
     with open(log, "a") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -2,33 +2,42 @@
 checked before a launch (launch/train.sh, mpi.sh and slurm.sbatch run it on the launching node)
 so that a typo fails in a second instead of after every rank has built its engine.
 
-Cheap: shard patterns are expanded and every shard must exist (no tar is read), a CSV must
-exist, be UTF-8 throughout and have the recipe's image and caption columns, an evaluation
-split must have its shards and zero-shot prompts. The trainer runs the same check at start-up
-and checks the contents as it reads them.
+Cheap: shard patterns are expanded and every shard must exist and be a regular file (no tar
+is read), a CSV must exist, be UTF-8 throughout and have the recipe's image and caption
+columns, an evaluation split must have its shards and zero-shot prompts. The trainer runs the
+same check at start-up and checks the contents as it reads them. The command also looks at
+(stats, never reads) every CSV row's image: one that is a FIFO, a device or over
+MAX_IMAGE_BYTES is named, since training would only skip it; a missing one is left to the
+trainer's skip count, as before.
 """
 import argparse
 import codecs
 import csv
 import io
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from .errors import DataError
 from .eval import find_zeroshot
+from .samples import MAX_IMAGE_BYTES, not_a_sample_file
 from .sources import csv_separator, require_columns
 from .webdataset_source import expand_shards
 
 
-def check_paths(data) -> str:
-    """A one-line summary of what the recipe's `data` section points at; DataError otherwise."""
+def check_paths(data, images: bool = False) -> str:
+    """A one-line summary of what the recipe's `data` section points at; DataError otherwise.
+    With `images`, every CSV row's image is stat'ed too (check_csv_images): the command's
+    check, not the trainer's start-up, where millions of stats on every rank would be slow."""
     if data.source == "synthetic":
         found = f"synthetic data, {data.synthetic_size} samples"
     elif data.source == "webdataset":
         found = f"{len(expand_shards(data.train))} shards"
     else:
         rows = check_csv(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator)
+        if images:
+            check_csv_images(data.train, data.csv_img_key, data.csv_separator)
         found = f"CSV {data.train} ({rows} lines)"
     if data.eval:
         eval_shards = expand_shards(data.eval)
@@ -65,6 +74,31 @@ def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = N
     return max(0, line - 2)  # the newlines after the header's
 
 
+def check_csv_images(path, img_key: str, separator: Optional[str] = None) -> None:
+    """DataError naming the first row (line, path, why) whose image the trainer would refuse
+    to read: not a regular file (a FIFO blocks, a device never ends) or over MAX_IMAGE_BYTES.
+    Only stats: no image is opened, so this cannot block either."""
+    path = Path(path)
+    separator = csv_separator(path, separator)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter=separator)
+        try:
+            for row in reader:
+                name = row.get(img_key)
+                if not name:
+                    continue
+                try:
+                    info = os.stat(path.parent / name)
+                except OSError:
+                    continue  # missing or unreadable: skipped and counted in training
+                why = not_a_sample_file(info)
+                if why is not None:
+                    raise DataError(f"CSV {path} line {reader.line_num}: image {name} {why}; only regular files of "
+                                    f"at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
+        except csv.Error as err:
+            raise DataError(f"CSV {path} line {reader.line_num}: {err}") from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from ..config import RecipeError, load_recipe
     p = argparse.ArgumentParser(prog="infcl-ds data check", description=__doc__.split("\n\n")[0])
@@ -72,7 +106,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     try:
-        print(f"data: {check_paths(load_recipe(args.config, args.set).data)}")
+        print(f"data: {check_paths(load_recipe(args.config, args.set).data, images=True)}")
     except (RecipeError, DataError) as err:
         print(f"infcl-ds data check: {err}", file=sys.stderr)
         return 2

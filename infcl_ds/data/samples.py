@@ -15,6 +15,8 @@ ranks `skipped` is the number of unusable samples the epoch drew.
 """
 import io
 import json
+import os
+import stat
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -25,6 +27,11 @@ from .errors import DataError
 # A run of unusable samples this long means broken data, not bad luck: fail loudly rather than
 # train on copies of the few readable neighbours.
 MAX_REPLACEMENT_TRIES = 100
+
+# The largest image file read as a sample (MAX_IMAGE_BYTES): a camera's largest JPEG is a
+# few tens of MiB; anything bigger is a mistake (a video, a disk image, /dev/zero's kind) that
+# would fill the rank's memory before it failed to decode.
+MAX_IMAGE_BYTES = 64 << 20
 
 
 class SkipSample(Exception):
@@ -52,6 +59,58 @@ def require_image_bytes(data: Optional[bytes]) -> bytes:
     if not data:
         raise SkipSample("no image")
     return data
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message."""
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}.get(stat.S_IFMT(mode), "a special file")
+
+
+def not_a_sample_file(info: os.stat_result) -> Optional[str]:
+    """Why a file with this stat cannot be a sample's image, or None: only a regular file of at
+    most MAX_IMAGE_BYTES is read (a FIFO blocks its reader, a device never ends)."""
+    if not stat.S_ISREG(info.st_mode):
+        return f"is {file_kind(info.st_mode)}, not a regular file"
+    if info.st_size > MAX_IMAGE_BYTES:
+        return f"is {info.st_size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES >> 20} MiB limit (MAX_IMAGE_BYTES)"
+    return None
+
+
+def read_image_file(path) -> bytes:
+    """A sample's image file's bytes; SkipSample if it is missing, unreadable or not a regular
+    file of at most MAX_IMAGE_BYTES. Never blocks and never reads more than the limit: the
+    path is checked before opening, opened non-blocking (a FIFO swapped in after the check
+    opens without waiting for a writer), checked again on the open file, and read to at most
+    one byte past the limit."""
+    try:
+        why = not_a_sample_file(os.stat(path))
+        if why is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                why = not_a_sample_file(os.fstat(fd))
+                if why is None:
+                    data = _read_at_most(fd, MAX_IMAGE_BYTES + 1)
+                    if len(data) > MAX_IMAGE_BYTES:  # grew after the check
+                        why = f"is over the {MAX_IMAGE_BYTES >> 20} MiB limit (MAX_IMAGE_BYTES)"
+            finally:
+                os.close(fd)
+    except OSError as e:
+        raise SkipSample(f"cannot read image {path}: {e}") from e
+    if why is not None:
+        raise SkipSample(f"image {path} {why}")
+    return data
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    parts, left = [], limit
+    while left > 0:
+        part = os.read(fd, min(left, 1 << 20))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def decode_image(data: Optional[bytes]) -> Image.Image:

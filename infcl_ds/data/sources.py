@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import DataError
-from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, require_image_bytes
+from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, read_image_file, require_image_bytes
 from .webdataset_source import TarSource
 
 SOURCES = ("webdataset", "csv", "synthetic")
@@ -48,8 +48,9 @@ def require_columns(path: Path, fields, keys, separator: str, hint: str = "") ->
 
 class CsvSource:
     """A CSV/TSV (OpenCLIP's `--dataset-type csv`): rows of `img_key` (image path; relative paths
-    are relative to the CSV's directory) and `caption_key`. A missing or undecodable image file
-    skips its row at load time: checking millions of files at build time would be slow."""
+    are relative to the CSV's directory) and `caption_key`. A missing or undecodable image file,
+    or one that is not a regular file of at most MAX_IMAGE_BYTES, skips its row at load time:
+    checking millions of files at build time would be slow."""
 
     def __init__(self, path, img_key: str = "filepath", caption_key: str = "title", separator=None):
         path = Path(path)
@@ -74,11 +75,7 @@ class CsvSource:
         caption = decode_caption(self.captions[index])
         if not self.images[index]:  # empty cell, or None from a short row
             raise SkipSample("no image path")
-        try:
-            data = (self.root / self.images[index]).read_bytes()
-        except OSError as e:
-            raise SkipSample(f"cannot read image {self.images[index]}: {e}") from e
-        return EncodedSample(require_image_bytes(data), caption)
+        return EncodedSample(require_image_bytes(read_image_file(self.root / self.images[index])), caption)
 
 
 class SyntheticSource:

@@ -1,13 +1,16 @@
 """WebDataset tar shards (img2dataset layout: {key}.jpg/png/webp, {key}.txt, optional .cls/.json)
 as a random-access source."""
 import glob
+import os
+import stat
 from pathlib import Path
 from typing import List, Sequence, Union
 
 import braceexpand
 
 from .errors import DataError
-from .samples import EncodedSample, Sample, decode_caption, decode_image, parse_label, require_image_bytes
+from .samples import (EncodedSample, Sample, decode_caption, decode_image, file_kind, parse_label,
+                      require_image_bytes)
 from .tar_index import IMAGE, LABEL, TEXT, TarIndex
 
 ShardSpec = Union[str, Path, Sequence[Union[str, Path]]]
@@ -16,14 +19,15 @@ ShardSpec = Union[str, Path, Sequence[Union[str, Path]]]
 def expand_shards(spec: ShardSpec) -> List[Path]:
     """A shard spec -> existing tar files, in order. The spec is a directory (its *.tar, sorted),
     a brace pattern ("dir/shard-{000000..000009}.tar"), a glob ("dir/*.tar"), a file, or a
-    list of files. Anything missing or empty is a DataError naming it."""
+    list of files. Anything missing or empty, or a shard that is not a regular file (a FIFO
+    would block its reader, a device never ends), is a DataError naming it."""
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise DataError("empty shard list")
         return [_existing_file(p) for p in spec]
     spec = str(spec)
     if Path(spec).is_dir():
-        shards = sorted(Path(spec).glob("*.tar"))
+        shards = [_existing_file(p) for p in sorted(Path(spec).glob("*.tar"))]
         if not shards:
             raise DataError(f"no *.tar shards in directory {spec}")
         return shards
@@ -36,8 +40,12 @@ def expand_shards(spec: ShardSpec) -> List[Path]:
 
 def _existing_file(path) -> Path:
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"shard {path} does not exist (local files only: random access needs them)")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise DataError(f"shard {path} does not exist (local files only: random access needs them)") from None
+    if not stat.S_ISREG(mode):
+        raise DataError(f"shard {path} is {file_kind(mode)}, not a regular file: refused")
     return path
 
 

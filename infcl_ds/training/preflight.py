@@ -3,12 +3,17 @@ a problem here costs a second, not the minutes of a set-up (or a crash after it)
 
 - ``output_dir`` is a directory this rank can write (a probe file is created and removed);
 - its file system has room for one more checkpoint (``checkpoint_bytes``: weights plus
-  AdamW's fp32 states; the newest tags are kept while the next is written).
+  AdamW's fp32 states; the newest tags are kept while the next is written);
+- a fresh start does not write into a directory that already holds a run (``held_run``):
+  without ``--resume`` it is refused, and ``--restart`` moves the old run aside first
+  (``move_old_run``), so one directory's checkpoints, metrics and events are one run's.
 """
 import errno
 import os
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 
 class StartupError(RuntimeError):
@@ -43,3 +48,60 @@ def check_free_disk(output_dir, needed_bytes: int) -> None:
     if free < needed_bytes:
         raise StartupError(f"output_dir {output_dir} has {free / 2**30:.2f} GiB free; one checkpoint needs about "
                            f"{needed_bytes / 2**30:.2f} GiB (model weights and optimizer states)")
+
+
+# Every name the trainer writes directly inside output_dir: what --restart moves aside.
+RUN_FILES = ("checkpoints", "metrics.csv", "eval.csv", "eval.json", "metrics.png", "tensorboard",
+             "recipe.yaml", "run.json")
+
+
+def held_run(output_dir) -> Optional[str]:
+    """The first file showing that ``output_dir`` holds a run (its path inside the directory),
+    or None.
+
+    A run is what a fresh start would overwrite, cut or mix with its own: a checkpoint tag
+    (``checkpoints/step_*``) or the ``checkpoints/latest`` pointer, ``metrics.csv``,
+    ``eval.csv``, ``eval.json``, or a TensorBoard events file under ``tensorboard/``. Not
+    ``recipe.yaml`` or ``run.json`` alone (a start that failed before its first step: nothing
+    to lose, they are rewritten), and no file the trainer never writes (a launcher's log, the
+    write probes), so a directory prepared by hand or by a job script is not refused.
+    """
+    path = Path(output_dir)
+    checkpoints = path / "checkpoints"
+    found = [checkpoints / "latest"] + sorted(checkpoints.glob("step_*"))
+    found += [path / name for name in ("metrics.csv", "eval.csv", "eval.json")]
+    found += sorted((path / "tensorboard").rglob("events.out.tfevents*"))
+    for item in found:
+        if os.path.lexists(item):
+            return str(item.relative_to(path))
+    return None
+
+
+def old_run_dir(output_dir, now: Optional[datetime] = None) -> Path:
+    """``<output_dir>.old-<UTC time>``: a sibling, so moving into it is a rename on the same
+    file system (nothing copied, nothing half-moved by a full disk)."""
+    path = Path(os.path.abspath(output_dir))
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return path.with_name(f"{path.name}.old-{stamp}")
+
+
+def move_old_run(output_dir) -> Optional[Path]:
+    """Move the run held in ``output_dir`` (its RUN_FILES) into a new ``old_run_dir`` and
+    return that directory; None when the directory holds no run. Nothing is deleted, and a
+    second restart within the same second gets its own directory (``-2``, ``-3``, ...)."""
+    path = Path(output_dir)
+    if held_run(path) is None:
+        return None
+    target = base = old_run_dir(path)
+    for attempt in range(2, 1000):
+        try:
+            target.mkdir()
+            break
+        except FileExistsError:
+            target = base.with_name(f"{base.name}-{attempt}")
+    else:
+        raise FileExistsError(errno.EEXIST, "no free name for the old run", str(base))
+    for name in RUN_FILES:
+        if os.path.lexists(path / name):
+            os.rename(path / name, target / name)
+    return target
