@@ -142,9 +142,10 @@ def test_train_sh_passes_restart_to_the_trainer(tmp_path):
     fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     sets = [arg for s in SYNTHETIC for arg in ("--set", s)]
+    # An active environment (this interpreter's): else train.sh puts the checkout's .venv/bin,
+    # whose real deepspeed would win over the stand-in, first on PATH.
     env = dict(os.environ, PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-               DS_ACCELERATOR="cpu")
-    env.pop("VIRTUAL_ENV", None)
+               DS_ACCELERATOR="cpu", VIRTUAL_ENV=sys.prefix)
     proc = subprocess.run([str(ROOT / "launch" / "train.sh"), str(TINY), "--num_gpus", "1", "--no-plan", *sets,
                            "--restart"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
