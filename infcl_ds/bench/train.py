@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.train import DEFAULT_DECODE_WINDOW_GIB
 from .common import free_port, is_oom, join_ranks, run_identity, write_rows
 from .loss import parse_sizes
 
@@ -416,7 +417,8 @@ def main(argv=None):
     p.add_argument("--read-workers", type=int, default=2, help="--data jpeg: data.workers (shard readers)")
     p.add_argument("--decoder", default="pil", help="--data jpeg: data.decoder")
     p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
-    p.add_argument("--decode-window-gib", type=float, default=4.0, help="--data jpeg: data.decode_window_gib")
+    p.add_argument("--decode-window-gib", type=float, default=DEFAULT_DECODE_WINDOW_GIB,
+                   help="--data jpeg: data.decode_window_gib")
     p.add_argument("--open-clip-train-workers", type=int, default=None,
                    help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")

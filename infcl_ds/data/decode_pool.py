@@ -50,6 +50,12 @@ _PARENT_CHECK_S = 5.0
 _JOIN_S = 5.0
 
 
+def window_slots(window_rows: int, workers: int) -> int:
+    """Slots of DECODE_PIECE_ROWS rows that hold `window_rows` decoded rows, at least two per
+    process (every process busy, one piece waiting each). The planner counts the same."""
+    return max(-(-window_rows // DECODE_PIECE_ROWS), 2 * workers)
+
+
 def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
     """Decode the pieces sent on `conn` into `arena`'s slots until told to stop (None), the
     pipe closes or the rank is gone. Errors in a piece go back as text: the pool goes on."""
@@ -105,13 +111,14 @@ class Decoded:
 
 
 class DecodePool:
-    """`workers` decode processes and a window of `slots` pieces of `piece_shape` uint8 pixels
-    ([DECODE_PIECE_ROWS, 3, H, W] each), in anonymous shared memory the workers inherit."""
+    """`workers` decode processes and a window of at least `window_rows` decoded rows
+    (window_slots: pieces of [DECODE_PIECE_ROWS, *image_shape] uint8 pixels), in anonymous
+    shared memory the workers inherit."""
 
-    def __init__(self, pieces, workers: int, slots: int, image_shape):
+    def __init__(self, pieces, workers: int, window_rows: int, image_shape):
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, got {workers}")
-        slots = max(slots, 2 * workers)  # every worker busy, one piece waiting each
+        slots = window_slots(window_rows, workers)
         nbytes = slots * DECODE_PIECE_ROWS * int(torch.tensor(image_shape).prod())
         # MAP_SHARED | MAP_ANONYMOUS: inherited by the forked workers, freed with the last of them.
         self._map = mmap.mmap(-1, nbytes)

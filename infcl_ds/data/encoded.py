@@ -127,8 +127,7 @@ class ChunkDecoder:
         if workers > 0:
             if image_size is None:
                 raise ValueError("a decode pool needs the image size (its window's slots)")
-            slots = -(-window_rows // DECODE_PIECE_ROWS)
-            self.pool = DecodePool(self.pieces, workers, slots, (3, image_size, image_size))
+            self.pool = DecodePool(self.pieces, workers, window_rows, (3, image_size, image_size))
         self._lock = threading.Lock()
         self._schedule = None  # (rows, passes): the engine's last announced order
         self._waiting: List[weakref.ref] = []  # batches assembled before any order was known

@@ -228,13 +228,13 @@ def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
     two pieces per process; data/decode_pool.py) and each process's own heap."""
     if recipe.data.host_batch == "decoded":
         return 0
-    from ..data.decode_pool import DECODE_PIECE_ROWS
+    from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
     from ..data.train import kept_rows
     workers = recipe.data.decode_workers
-    row = 3 * model.image_size ** 2
-    rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size)) if workers else 0
-    slots = max(-(-rows // DECODE_PIECE_ROWS), 2 * workers)
-    return slots * DECODE_PIECE_ROWS * row + workers * DECODE_WORKER_RESERVE
+    if not workers:  # decoding in the training process: no window
+        return 0
+    rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size))
+    return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + workers * DECODE_WORKER_RESERVE
 
 
 def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
