@@ -16,6 +16,8 @@ COMMANDS = {
     "bench ring": ("infcl_ds.bench.ring", "main", "benchmark the ring across this host's GPUs against inf-cl and OpenCLIP"),
     "bench train": ("infcl_ds.bench.train", "main", "benchmark engine steps (ViT-B-16) against inf-cl's loss (GPU)"),
     "bench data": ("infcl_ds.bench.data", "main", "decode throughput of encoded host batches, beside what recipes need"),
+    "bench decoders": ("infcl_ds.bench.decoder_zeroshot", "main",
+                       "zero-shot accuracy of the quickstart trained with each data.decoder (GPU)"),
 }
 
 

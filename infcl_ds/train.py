@@ -89,6 +89,24 @@ def resolve_auto_keep(recipe: Recipe, world: int, device: torch.device) -> Recip
     return recipe_with(recipe, "data", keep_decoded_gib=gib)
 
 
+def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
+    """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank. The recipe
+    with hybrid's `data.gpu_decode_share: auto` replaced by the planner's share
+    (plan.hybrid_gpu_share: the measured rates of the GPU and of the decode processes)."""
+    from .data import DataError
+    from .plan.plan import recipe_with
+    from .plan.timing import hybrid_gpu_share
+    data = recipe.data
+    if data.host_batch != "encoded" or data.decoder not in ("nvjpeg", "hybrid"):
+        return recipe
+    if device.type != "cuda":
+        raise DataError(f"data.decoder={data.decoder} decodes on the GPU and this rank runs on {device.type}: "
+                        "use data.decoder=pil")
+    if data.decoder == "hybrid" and data.gpu_decode_share == "auto":
+        return recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(data.decode_workers))
+    return recipe
+
+
 class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
@@ -147,11 +165,11 @@ class Trainer:
             compile_backend="inductor" if recipe.compiles(self.device.type) else None)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
         # keep_decoded_gib: auto resolved for this rank's device only (the recipe keeps "auto").
-        data_spec = resolve_auto_keep(recipe, self.world, self.device).data.model_dump()
+        data_spec = resolve_decoder(resolve_auto_keep(recipe, self.world, self.device), self.device).data.model_dump()
         self.data = build_train_data(data_spec, rank=self.rank, world_size=self.world,
                                      local_batch=recipe.local_batch(self.world), seed=recipe.model.seed,
                                      image_size=self.info["image_size"], tokenizer=self.tokenizer,
-                                     mean=self.info["mean"], std=self.info["std"])
+                                     mean=self.info["mean"], std=self.info["std"], device=self.device)
         self.eval_data = None
         if recipe.data.eval:
             self.eval_data = build_eval_data(recipe.data.eval, image_size=self.info["image_size"],

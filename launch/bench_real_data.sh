@@ -3,6 +3,10 @@
 # engine and OpenCLIP's trainer on the same shards, in parts that each fit a 10-minute command:
 #   bash launch/bench_real_data.sh b16 b16-open-clip-train      # ViT-B-16, 32k, compiled
 #   bash launch/bench_real_data.sh l14                           # ViT-L-14, 16k, compiled
+#   bash launch/bench_real_data.sh b16-decoders                  # ViT-B-16: pil, nvjpeg, hybrid
+#   bash launch/bench_real_data.sh data-decoders zeroshot-decoders
+#     decode rows per decoder (docs/benchmarks/data.json) and the quickstart's zero-shot top-1
+#     trained with each decoder (docs/benchmarks/decoder_zeroshot.json)
 # The shards are made here first (infcl-ds data photos: 16,000 photos of ~30 KB in 8 shards, listed
 # 12 times as 96 shards so that an epoch holds six 32k batches), once per machine, under $SHARDS.
 # This engine: data.decode_workers 14 (PIL, open_clip's pixels), keep_decoded_gib auto, every row
@@ -13,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/real_data.json
 shards=${SHARDS:-/tmp/infcl-ds-photos}
-[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-open-clip-train l14 l14-open-clip-train)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-open-clip-train l14 l14-open-clip-train b16-decoders data-decoders zeroshot-decoders)" >&2; exit 2; }
 if [ ! -f "$shards/listed/shard-00095.tar" ]; then
   python3 -m infcl_ds.cli data photos --out "$shards" --samples 16000 --shard-size 2000
   mkdir -p "$shards/listed"
@@ -34,6 +38,12 @@ for part in "$@"; do
     l14) bench --model ViT-L-14 --batch 16k --impl infcl_ds --compile --data synthetic,jpeg ;;
     l14-open-clip-train) bench --model ViT-L-14 --batch 16k --impl open_clip_train --data jpeg \
                            --open-clip-train-batch-size 256 ;;
+    b16-decoders) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --data synthetic,jpeg \
+                    --decoder pil,nvjpeg,hybrid ;;
+    data-decoders) python3 -m infcl_ds.cli bench data --shards "$shards" --workers 1,4,14 --decoders pil,torchvision \
+                     --samples 4096 --out "${OUT:-docs/benchmarks}/data.json" ;;
+    zeroshot-decoders) python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg,hybrid --seeds 0,1 \
+                         --out "${OUT:-docs/benchmarks}/decoder_zeroshot.json" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -58,9 +58,9 @@ def tokenizer():
 
 
 def first_batch(shard, tokenizer, host_batch, *, decode_workers=0, local_batch=SAMPLES, rank=0, world_size=1,
-                augment=True, decoder="pil"):
+                augment=True, decoder="pil", **spec):
     spec = {"source": "webdataset", "train": str(shard), "augment": augment, "workers": 0,
-            "host_batch": host_batch, "decode_workers": decode_workers, "decoder": decoder}
+            "host_batch": host_batch, "decode_workers": decode_workers, "decoder": decoder, **spec}
     data = build_train_data(spec, rank=rank, world_size=world_size, local_batch=local_batch, seed=7,
                             image_size=IMAGE_SIZE, tokenizer=tokenizer)
     return next(iter(data))
@@ -388,19 +388,60 @@ def test_engine_gradients_equal_for_both_host_forms(shard):
                 assert torch.equal(encoded[rank]["grads"][name], want), (keep_rows, name)
 
 
-def test_device_decoding_draws_the_pil_paths_crops(shard, tokenizer):
-    """data.decode=cuda's decoder, run on the CPU here: torchvision's JPEG decoder and torch's
-    bicubic resize, with the crop parameters of the PIL path (so the pixels differ by rounding,
-    not by geometry); undecodable images replaced by the same rule."""
-    from infcl_ds.data.device_decode import DeviceDecoder
-    reference = first_batch(shard, tokenizer, "encoded")
-    batch = first_batch(shard, tokenizer, "encoded")
-    batch.decoder = DeviceDecoder(reference.decoder.pieces.transform, 7, "cpu")
-    want, want_texts = reference.decoded(0, SAMPLES)
-    got, texts = batch.decoded(0, SAMPLES)
-    diff = (got.float() - want.float()).abs()
-    assert torch.equal(texts, want_texts) and got.dtype == torch.uint8
+def test_the_gpu_decoder_draws_the_pil_paths_crops_and_replaces_alike(tmp_path, tokenizer):
+    """data.decoder=nvjpeg, run on the CPU here (torchvision's CPU decoder in its place, the same
+    batched crops): both passes bit-identical, the crop parameters of the PIL path (the pixels
+    differ by decoding and rounding, not by geometry), undecodable images replaced by the same
+    rule, counted once."""
+    corrupt = (3, 35)
+    bad = write_shard(tmp_path / "bad.tar", corrupt=corrupt)
+    pil = first_batch(bad, tokenizer, "encoded")
+    batch = first_batch(bad, tokenizer, "encoded", decoder="nvjpeg", decode_workers=2)
+    assert batch.decoder.pool is None  # no decode processes
+    first, second = both_passes(batch, chunk=10)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    assert batch.decode_skipped == len(corrupt)
+    want = torch.cat([im for im, _ in both_passes(pil, chunk=10)[0]])  # pieces = chunks of 10, like nvjpeg's
+    assert torch.equal(torch.cat([tx for _, tx in first]), torch.cat([tx for _, tx in both_passes(pil, 10)[0]]))
+    diff = (torch.cat([im for im, _ in first]).float() - want.float()).abs()
     assert diff.mean() < 1.0 and diff.max() < 64, (diff.mean(), diff.max())
+
+
+def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, tokenizer):
+    """data.decoder=hybrid: each chunk's first rows come from the PIL processes (open_clip's
+    pixels exactly), its last gpu_decode_share from the GPU decoder (that decoder's own pixels
+    for the same rows), bit-identical in both passes."""
+    pil = first_batch(shard, tokenizer, "encoded")
+    gpu = first_batch(shard, tokenizer, "encoded", decoder="nvjpeg")
+    batch = first_batch(shard, tokenizer, "encoded", decoder="hybrid", decode_workers=2, gpu_decode_share=0.3)
+    chunk = 20
+    first, second = [[batch.decoded(lo, lo + chunk) for lo in range(0, SAMPLES, chunk)] for _ in range(2)]
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    for lo, (images, _) in zip(range(0, SAMPLES, chunk), first):
+        pieces, (cut, hi) = batch.decoder.split(lo, lo + chunk)
+        assert cut - lo == 14 and pieces == [(lo, cut)]
+        assert torch.equal(images[:cut - lo], pil.decoded(lo, cut)[0])
+        assert torch.equal(images[cut - lo:], gpu.decoded(cut, hi)[0])
+        assert not torch.equal(images[cut - lo:], pil.decoded(cut, hi)[0])  # the decoders do differ
+
+
+def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
+    from infcl_ds.config import Recipe
+    from infcl_ds.plan.timing import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
+    from infcl_ds.train import resolve_decoder
+    for decoder in ("nvjpeg", "hybrid"):
+        recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": decoder}})
+        with pytest.raises(DataError, match=f"data.decoder={decoder} decodes on the GPU"):
+            resolve_decoder(recipe, torch.device("cpu"))
+    recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
+                                             "decode_workers": 6}})
+    share = resolve_decoder(recipe, torch.device("cuda", 0)).data.gpu_decode_share
+    assert share == pytest.approx(NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + 6 * DECODE_RATES_PER_WORKER["pil"]))
+    fixed = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
+                                            "gpu_decode_share": 0.25}})
+    assert resolve_decoder(fixed, torch.device("cuda", 0)).data.gpu_decode_share == 0.25
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the pool's page-locked window and device copies need CUDA")

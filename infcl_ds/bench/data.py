@@ -78,29 +78,27 @@ def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int,
 
 
 def device_rows(shards, samples: int, image_size: int, chunk: int, command: str, device: str = "cuda"):
-    """nvJPEG on this GPU (or torchvision's CPU decoder for `device="cpu"`), and how far its
-    pixels are from the PIL path's on the same rows (same crops)."""
+    """data.decoder=nvjpeg on this GPU (or the same code with torchvision's CPU decoder for
+    `device="cpu"`), and how far its pixels are from the PIL path's on the same rows (same crops)."""
     import torch
-    from ..data.device_decode import DeviceDecoder
-    from ..data.encoded import ChunkDecoder
-    data = encoded_batch(shards, samples, image_size, 0)
-    transform = data.decoder.pieces.transform
-    data.decoder = DeviceDecoder(transform, data.seed, torch.device(device))
+    data = encoded_batch(shards, samples, image_size, 0, decoder="nvjpeg")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batches = iter(data)
-    time_decode(next(batches), chunk)  # warm: the decoder's handles, the resize kernels
+    warm = next(batches)
+    for lo in range(0, len(warm), chunk):  # warm: the decoder's handles, every buffer size
+        warm.decoded(lo, min(lo + chunk, len(warm)), device)
     batch = next(batches)
     sync()
     started = time.perf_counter()
     for lo in range(0, len(batch), chunk):
-        batch.decoded(lo, min(lo + chunk, len(batch)))
+        batch.decoded(lo, min(lo + chunk, len(batch)), device)
     sync()
     seconds = time.perf_counter() - started
     # The same rows of the same batch through PIL, in this process.
     rows = min(len(batch), 2048)
-    got = batch.decoded(0, rows)[0].float().cpu()
-    pil = ChunkDecoder(transform, data.seed, 0)
-    want = torch.cat([pil.decode_now(batch._request(lo, min(lo + 256, rows)))[1] for lo in range(0, rows, 256)]).float()
+    got = batch.decoded(0, rows)[0].float()
+    pil = batch.decoder.pieces  # the PIL pieces that decode a chunk out of the plan
+    want = torch.cat([pil[batch._request(lo, min(lo + 256, rows))][1] for lo in range(0, rows, 256)]).float()
     diff = (got - want).abs()
     row = {"what": "decode", "impl": "nvjpeg", "workers": 0, "image_size": image_size, "samples": len(batch),
            "samples_per_s": len(batch) / seconds, "per_worker": None, "bytes_per_sample": batch.nbytes / len(batch),

@@ -149,7 +149,8 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     def label(r):
         zero = f", ZeRO-{r['zero']}" if r.get("zero") is not None else ""
         extra = "".join(f", {item.split('=')[0].split('.')[-1]}" for item in r.get("set", ()))
-        return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}{extra}"
+        data = f", {r['data']}" + (f" ({r['decoder']})" if r.get("decoder") else "") if r.get("data") else ""
+        return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}{extra}{data}"
     configs = sorted({label(r) for r in rows})
     colors = plt.get_cmap("tab10")
     width = 0.8 / max(1, len(configs))

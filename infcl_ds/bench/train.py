@@ -76,13 +76,13 @@ def _engine(args, impl, rank, world, device):
                                     compile_backend="inductor" if args.compile else None)
 
 
-def _recipe(args, world, args_batch, data="synthetic"):
+def _recipe(args, world, args_batch, data="synthetic", decoder=None):
     from ..config import load_recipe
     # Synthetic: the pool is held decoded, so the plan has no decoding to wait for. JPEG: the
     # trainer's encoded host batches from the shards, decoded by the recipe's pool.
     inputs = (["data.host_batch=decoded"] if data == "synthetic" else
               ["data.source=webdataset", f"data.train={args.shards}", "data.host_batch=encoded",
-               f"data.decode_workers={args.decode_workers}", f"data.decoder={args.decoder}",
+               f"data.decode_workers={args.decode_workers}", f"data.decoder={decoder or args.decoder.split(',')[0]}",
                f"data.workers={args.read_workers}", f"data.keep_decoded_gib={args.keep_decoded_gib}",
                f"data.decode_window_gib={args.decode_window_gib}"])
     return load_recipe(None, [f"model.name={args.model}", f"batch.global={args_batch}", f"batch.chunk={args.chunk}",
@@ -107,13 +107,13 @@ def _resolve_chunk(args, world):
     return chunk
 
 
-def _prediction(args, B, world, data="synthetic"):
+def _prediction(args, B, world, data="synthetic", decoder=None):
     """The planner's per-GPU peak for this configuration, with its runtime reserve and
     without (what torch allocates), and its step time; {} if it cannot say."""
     from ..plan import make_plan
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 80 * 2**30
     try:
-        plan = make_plan(_recipe(args, world, B, data), world, total, gpus_per_node=world)
+        plan = make_plan(_recipe(args, world, B, data, decoder), world, total, gpus_per_node=world)
     except ValueError as err:  # PlanError: e.g. no rates for this model
         print(f"planner: {err}", flush=True)
         return {}
@@ -160,12 +160,12 @@ class _JpegBatches:
     """This rank's local batches from JPEG shards, as the trainer builds them (encoded host
     batches, the decode pool, keep_decoded_gib resolved for this GPU)."""
 
-    def __init__(self, args, B, world, rank, info, device):
+    def __init__(self, args, B, world, rank, info, device, decoder):
         from open_clip import get_tokenizer
         from ..data import build_train_data
-        from ..train import resolve_auto_keep
-        recipe = resolve_auto_keep(_recipe(args, world, B, "jpeg"), world, device)
-        self.keep_decoded_gib = recipe.data.keep_decoded_gib
+        from ..train import resolve_auto_keep, resolve_decoder
+        recipe = resolve_decoder(resolve_auto_keep(_recipe(args, world, B, "jpeg", decoder), world, device), device)
+        self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
         self.data = build_train_data(recipe.data.model_dump(), rank=rank, world_size=world, local_batch=B // world,
                                      seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
                                      mean=info["mean"], std=info["std"])
@@ -253,7 +253,10 @@ def _worker(rank, world, args, port, ident):
         if check and rank == 0:
             print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e}, "
                   f"gradients {check['gradient_rel_diff']:.2e} ({check['worst_parameter']})", flush=True)
-        for B, data in ((B, data) for B in parse_sizes(args.batch) for data in args.data.split(",")):
+        # JPEG data once per decoder (--decoder pil,nvjpeg,hybrid), with the model compiled once.
+        cases = [(data, decoder) for data in args.data.split(",")
+                 for decoder in (args.decoder.split(",") if data == "jpeg" else [None])]
+        for B, (data, decoder) in ((B, case) for B in parse_sizes(args.batch) for case in cases):
             local = B // world
             row = {"impl": impl, "world": world, "model": args.model, "B": B, "local": local, "chunk": args.chunk,
                    "D": info["embed_dim"], "dtype": "bf16", "zero": args.zero, "compile": args.compile,
@@ -269,14 +272,15 @@ def _worker(rank, world, args, port, ident):
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
                 if data == "jpeg":
-                    batches = _JpegBatches(args, B, world, rank, info, device)
+                    batches = _JpegBatches(args, B, world, rank, info, device, decoder)
                     try:
                         first, timed, loss, waits = _timed_steps(step_engine, batches.next, args.steps, device)
                     finally:
                         batches.close()
                     wait = group_max(sum(waits) / len(waits))
-                    row.update(decoder=args.decoder, decode_workers=args.decode_workers,
-                               keep_decoded_gib=batches.keep_decoded_gib, decode_wait_s=wait,
+                    row.update(decoder=decoder, decode_workers=args.decode_workers,
+                               keep_decoded_gib=batches.keep_decoded_gib, gpu_decode_share=batches.gpu_decode_share,
+                               decode_wait_s=wait,
                                decode_wait_share=wait / group_max(sum(timed) / len(timed)))
                 else:
                     batch = CyclingHostBatch(local, *pool)
@@ -297,7 +301,7 @@ def _worker(rank, world, args, port, ident):
                     free, total = torch.cuda.mem_get_info()
                     row["device_used_mib"] = group_max((total - free) / 2**20)
                 if impl == "infcl_ds":
-                    row.update(_prediction(args, B, world, data))
+                    row.update(_prediction(args, B, world, data, decoder))
                 if args.profile and cuda and data == "synthetic":  # one more step, after the timed ones: nothing compiles in it
                     row["profile"] = _profiled_step(step_engine, batch, rank)
             except Exception as err:  # noqa: BLE001
@@ -322,7 +326,7 @@ def _worker(rank, world, args, port, ident):
 def row_key(row):
     """What a row measured: a later run of the same configuration replaces it (--append)."""
     return (row.get("impl"), row.get("model"), row.get("B"), row.get("world"), bool(row.get("compile")), row.get("zero"),
-            tuple(row.get("set", ())), row.get("data", "synthetic"))
+            tuple(row.get("set", ())), row.get("data", "synthetic"), row.get("decoder"))
 
 
 def plot_train_rows(out: Path) -> None:
@@ -415,7 +419,8 @@ def main(argv=None):
                                     "e.g. from infcl-ds data photos)")
     p.add_argument("--decode-workers", type=int, default=14, help="--data jpeg: data.decode_workers")
     p.add_argument("--read-workers", type=int, default=2, help="--data jpeg: data.workers (shard readers)")
-    p.add_argument("--decoder", default="pil", help="--data jpeg: data.decoder")
+    p.add_argument("--decoder", default="pil",
+                   help="--data jpeg: data.decoder, or several comma-separated (a row each): pil,nvjpeg,hybrid")
     p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
     p.add_argument("--decode-window-gib", type=float, default=DEFAULT_DECODE_WINDOW_GIB,
                    help="--data jpeg: data.decode_window_gib")

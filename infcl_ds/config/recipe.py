@@ -65,8 +65,13 @@ class DataSection(Section):
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
     decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
-    # libjpeg-turbo, torch's resize) is faster, with pixels close to PIL's (data/device_decode.py).
-    decoder: Literal["pil", "torchvision"] = "pil"
+    # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
+    # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
+    # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md).
+    decoder: Literal["pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
+    # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
+    # rates of the GPU and of decode_workers PIL processes (plan.hybrid_gpu_share).
+    gpu_decode_share: Union[Literal["auto"], Annotated[float, Field(ge=0, le=1)]] = "auto"
     # encoded: GPU memory keeping the first pass's decoded chunks for the grad pass (those are
     # decoded once per step, not twice). auto: as much of the local batch as the planner finds
     # room for beside the chunk (plan.auto_keep_gib); 0: decode in both passes.

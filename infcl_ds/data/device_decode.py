@@ -1,29 +1,55 @@
-"""Decoding encoded host batches with torchvision: nvJPEG on the GPU (`infcl-ds bench data`; not
-a trainer option yet), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder: torchvision`,
-in the decode processes); then open_clip's crop and resize with torch on the same device.
+"""Decoding encoded host batches with torchvision: nvJPEG on the GPU (`data.decoder: nvjpeg`, and
+the GPU's share of `hybrid`), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder:
+torchvision`, in the decode processes); then open_clip's crop and resize with torch.
 
 The crop is drawn exactly as the PIL path (data/encoded.py) draws it, from the same per-slot
-seed; the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling, torch's bicubic
-resize; how close: tests/test_encoded.py, docs/benchmarks.md). Images that are not JPEG, and
-JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image neither can
-decode is replaced as in data/encoded.py.
+seed (CropGeometry); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling,
+torch's bicubic resize; how close: tests/test_encoded.py, docs/training.md). Images that are not
+JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image
+neither can decode is replaced as in data/encoded.py.
+
+On the GPU a piece is one batched call of torchvision's decoder (nvJPEG; the hardware engine on
+A100 and later, off the SMs) and one batched crop-and-resize (`resized_crops`): each image's
+antialiased bicubic resize is two small matrix products, batched over the piece, so the cost
+does not grow with launches per image. Both run on a stream of their own, which the consumer's
+stream waits for: a chunk decodes while the towers still run the previous one.
 """
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
 import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
-from .encoded import ChunkDecoder, DecodePieces
+from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
 from .transforms import sample_seed, seeded_cpu_generator
 
 JPEG_MAGIC = b"\xff\xd8"
+# Images per batched crop-and-resize: bounds its float32 work buffers (~64 x 3 x 400^2 x 4 B
+# = 120 MiB for photos of 400 px), large enough that the products fill the GPU.
+RESIZE_GROUP = 64
+# Crops are zero-padded up to a multiple of this many pixels, per side (resized_crops).
+PAD_TO = 32
 
 
-class DeviceCrops:
-    """open_clip's geometric steps (RandomResizedCrop, or Resize + CenterCrop) applied to uint8
-    [3, h, w] tensors on any device, with the parameters the PIL pipeline would draw."""
+@dataclass(frozen=True)
+class Box:
+    """One image's geometry: crop rows [top, top + height) and columns [left, left + width),
+    resize that to out_h x out_w, keep the size x size window at (off_y, off_x)."""
+    top: int
+    left: int
+    height: int
+    width: int
+    out_h: int
+    out_w: int
+    off_y: int
+    off_x: int
+
+
+class CropGeometry:
+    """open_clip's geometric steps (RandomResizedCrop, or Resize + CenterCrop) as a Box per
+    image, with the parameters the PIL pipeline would draw for the same slot."""
 
     def __init__(self, transform):
         steps = transform.transforms
@@ -32,22 +58,128 @@ class DeviceCrops:
         self.center = next((s for s in steps if isinstance(s, CenterCrop)), None)
         if self.random_crop is None and (self.resize is None or self.center is None):
             raise ValueError(f"no crop to reproduce on the device in {steps}")
+        self.size = tuple(self.random_crop.size if self.random_crop is not None else self.center.size)
+        if self.size[0] != self.size[1]:
+            raise ValueError(f"a square output is expected, got {self.size}")
 
-    def __call__(self, image: torch.Tensor, seed: int) -> torch.Tensor:
+    def box(self, image: torch.Tensor, seed: int) -> Box:
+        height, width = image.shape[-2:]
+        s = self.size[0]
         if self.random_crop is not None:
             rrc = self.random_crop
             # The PIL path runs the transform under this seed and get_params is its first draw.
             with seeded_cpu_generator(seed):
-                top, left, height, width = RandomResizedCrop.get_params(image, rrc.scale, rrc.ratio)
-            return F.resized_crop(image, top, left, height, width, list(rrc.size),
-                                  interpolation=InterpolationMode.BICUBIC, antialias=True)
-        image = F.resize(image, self.resize.size, interpolation=InterpolationMode.BICUBIC, antialias=True)
-        return F.center_crop(image, list(self.center.size))
+                top, left, h, w = RandomResizedCrop.get_params(image, rrc.scale, rrc.ratio)
+            return Box(top, left, h, w, s, s, 0, 0)
+        out_h, out_w = _resized_size(height, width, self.resize.size, self.resize.max_size)
+        # torchvision's CenterCrop rounds the offsets so; the resize never leaves less than a crop.
+        return Box(0, 0, height, width, out_h, out_w, int(round((out_h - s) / 2.0)), int(round((out_w - s) / 2.0)))
+
+
+def _resized_size(height: int, width: int, size, max_size) -> tuple:
+    """torchvision's Resize output size for a tensor of height x width."""
+    if isinstance(size, int) or len(size) == 1:
+        requested = size if isinstance(size, int) else size[0]
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = requested, int(requested * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+    return tuple(size)
+
+
+class DeviceCrops:
+    """The geometry applied to one uint8 [3, h, w] tensor at a time, with torchvision's own
+    resize (the decode processes' `torchvision` decoder, on the CPU)."""
+
+    def __init__(self, transform):
+        self.geometry = CropGeometry(transform)
+
+    def __call__(self, image: torch.Tensor, seed: int) -> torch.Tensor:
+        b, s = self.geometry.box(image, seed), self.geometry.size[0]
+        image = F.resized_crop(image, b.top, b.left, b.height, b.width, [b.out_h, b.out_w],
+                               interpolation=InterpolationMode.BICUBIC, antialias=True)
+        return image[:, b.off_y:b.off_y + s, b.off_x:b.off_x + s]
+
+
+def _bicubic(x: torch.Tensor) -> torch.Tensor:
+    """The antialiased bicubic filter of torch and PIL (a = -0.5)."""
+    a, x = -0.5, x.abs()
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+
+
+def resample_weights(in_len: torch.Tensor, out_len: torch.Tensor, offset: torch.Tensor, size: int,
+                     max_in: int) -> torch.Tensor:
+    """float64 [n, size, max_in]: row t of image i weighs the input samples for output sample
+    offset[i] + t of an antialiased bicubic resize of in_len[i] samples to out_len[i], zero
+    past in_len[i]. The taps and their normalisation are torch's `interpolate(mode="bicubic",
+    antialias=True)` (aten's _compute_indices_weights_aa), which follows PIL's resample."""
+    device = in_len.device
+    scale = (in_len / out_len)[:, None]                                   # [n, 1]
+    support = torch.where(scale >= 1, 2 * scale, torch.full_like(scale, 2.0))
+    inv = torch.where(scale >= 1, 1 / scale, torch.ones_like(scale))
+    center = scale * (offset[:, None] + torch.arange(size, device=device, dtype=scale.dtype) + 0.5)  # [n, size]
+    lo = torch.clamp(torch.trunc(center - support + 0.5), min=0)
+    hi = torch.minimum(torch.trunc(center + support + 0.5), in_len[:, None])
+    j = torch.arange(max_in, device=device, dtype=scale.dtype)
+    weights = _bicubic((j - center[..., None] + 0.5) * inv[..., None])  # [n, size, max_in]
+    weights = torch.where((j >= lo[..., None]) & (j < hi[..., None]), weights, torch.zeros_like(weights))
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total != 0, weights / torch.where(total != 0, total, torch.ones_like(total)), weights)
+
+
+def resized_crops(images: Sequence[torch.Tensor], boxes: Sequence[Box], size: int) -> torch.Tensor:
+    """uint8 [n, 3, size, size]: each uint8 [3, h, w] image cropped and resized by its box.
+    Images whose crops round up to the same PAD_TO multiple go together, up to RESIZE_GROUP at
+    a time: the crops are gathered into one zero-padded float32 tensor (one gather), then
+    out = W_rows @ crop @ W_cols^T with resample_weights (two batched products). The padding
+    depends on an image's own crop only, so its pixels do not depend on which images share its
+    piece (a hybrid chunk's rows equal the nvjpeg decoder's)."""
+    device = images[0].device
+    out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+    padded = [(-(-b.height // PAD_TO) * PAD_TO, -(-b.width // PAD_TO) * PAD_TO) for b in boxes]
+    groups = {}
+    for i, shape in enumerate(padded):
+        groups.setdefault(shape, []).append(i)
+    for (max_h, max_w), members in groups.items():
+        for g in range(0, len(members), RESIZE_GROUP):
+            at = members[g:g + RESIZE_GROUP]
+            resized = _resize_group([images[i] for i in at], [boxes[i] for i in at], size, max_h, max_w)
+            out[torch.tensor(at, device=device)] = resized
+    return out
+
+
+def _resize_group(images, boxes, size: int, max_h: int, max_w: int) -> torch.Tensor:
+    device = images[0].device
+    flat = torch.cat([im.reshape(-1) for im in images])
+    starts, at = [], 0
+    for im in images:  # where each image starts in `flat`
+        starts.append(at)
+        at += im.numel()
+    # Per image: its start, plane and row sizes, its box; sent to the device at once.
+    meta = torch.tensor([[st, im.shape[-2] * im.shape[-1], im.shape[-1], b.top, b.left, b.height, b.width,
+                          b.out_h, b.out_w, b.off_y, b.off_x] for st, im, b in zip(starts, images, boxes)],
+                        dtype=torch.int64).to(device, non_blocking=True)
+    start, plane, width, top, left, ch, cw, out_h, out_w, off_y, off_x = meta.unbind(1)
+    y = torch.arange(max_h, device=device)[:, None]
+    x = torch.arange(max_w, device=device)[None, :]
+    c = torch.arange(3, device=device)[:, None, None]
+    v = lambda t: t[:, None, None, None]  # noqa: E731 - per image, broadcast over (c, y, x)
+    inside = (y < v(ch)) & (x < v(cw))
+    index = torch.where(inside, v(start) + c * v(plane) + (v(top) + y) * v(width) + v(left) + x, 0)
+    crops = torch.where(inside, flat[index].float(), 0.0)
+    rows = resample_weights(ch.double(), out_h.double(), off_y.double(), size, max_h).float()
+    cols = resample_weights(cw.double(), out_w.double(), off_x.double(), size, max_w).float()
+    resized = rows[:, None] @ (crops @ cols[:, None].transpose(-1, -2))
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
     """uint8 [3, h, w] per blob on `device` (None: undecodable): JPEGs in one batched call of
-    the device's decoder, the rest (and any JPEG it refuses) by PIL on the host."""
+    the device's decoder, the rest (and any JPEG it refuses) by PIL on the host. On CUDA,
+    torchvision decodes on its own stream and makes the current stream wait for it."""
     from torchvision.io import ImageReadMode, decode_jpeg
     out: List[Optional[torch.Tensor]] = [None] * len(blobs)
     jpegs = [i for i, b in enumerate(blobs) if b[:2] == JPEG_MAGIC]
@@ -55,8 +187,6 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
         data = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpegs]
         try:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize(device)  # the batched decode's own streams have written
         except RuntimeError:  # one bad JPEG fails the batch: decode them one by one
             decoded = []
             for d in data:
@@ -76,9 +206,10 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
 
 
 class DevicePieces(DecodePieces):
-    """DecodePieces decoding with torchvision on `device`."""
+    """DecodePieces decoding with torchvision, one image at a time after the decode (the decode
+    processes' `torchvision` decoder, on the CPU)."""
 
-    def __init__(self, transform, seed: int, device):
+    def __init__(self, transform, seed: int, device="cpu"):
         super().__init__(transform, seed)
         self.crops, self.device = DeviceCrops(transform), torch.device(device)
 
@@ -87,8 +218,36 @@ class DevicePieces(DecodePieces):
                 for image, index in zip(decode_jpegs(blobs, self.device), indices)]
 
 
-class DeviceDecoder(ChunkDecoder):
-    """ChunkDecoder decoding with torchvision in the calling process (no pool), on `device`."""
+class BatchedDevicePieces(DecodePieces):
+    """A request -> DecodePieces' result with the pixels on `device`: the whole piece decoded in
+    one batched call and cropped in batched products (nvJPEG on CUDA; on the CPU the same code
+    with torchvision's CPU decoder, which is what the CPU tests run)."""
 
     def __init__(self, transform, seed: int, device):
-        super().__init__(transform, seed, 0, "torchvision", device)
+        super().__init__(transform, seed)
+        self.geometry, self.device = CropGeometry(transform), torch.device(device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __getitem__(self, request):
+        row0, blobs, epoch, indices = request
+        if self.stream is None:
+            return self._decode(row0, blobs, epoch, indices)
+        # Nothing here waits for the consumer's queued work (the decode reads host bytes and
+        # writes fresh tensors), so the piece decodes while the towers still run.
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            result = self._decode(row0, blobs, epoch, indices)
+        consumer.wait_stream(self.stream)
+        result[1].record_stream(consumer)  # made on our stream, used and freed on the consumer's
+        return result
+
+    def _decode(self, row0, blobs, epoch, indices):
+        images = decode_jpegs(blobs, self.device)
+        source = replacement_sources([image is not None for image in images], row0)
+        usable = [r for r, image in enumerate(images) if image is not None]
+        boxes = [self.geometry.box(images[r], sample_seed(self.seed, epoch, indices[r])) for r in usable]
+        pixels = resized_crops([images[r] for r in usable], boxes, self.geometry.size[0])
+        position = {r: p for p, r in enumerate(usable)}
+        if len(usable) < len(images):
+            pixels = pixels[torch.tensor([position[s] for s in source], device=self.device)]
+        return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)

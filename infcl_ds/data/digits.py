@@ -7,6 +7,7 @@ stratified held-out split and the zero-shot prompts, so the whole train/zero-sho
 runs end to end on any machine.
 """
 import argparse
+import io
 import json
 from pathlib import Path
 
@@ -53,7 +54,19 @@ def digit_image(pixels: np.ndarray, image_size: int) -> Image.Image:
     return grey.resize((image_size, image_size), Image.Resampling.BICUBIC).convert("RGB")
 
 
-def write_split(folder: Path, indices, images, labels, templates, image_size: int, shard_size: int) -> int:
+IMAGE_FORMATS = ("png", "jpg")
+
+
+def encoded_image(image: Image.Image, image_format: str) -> bytes:
+    """PNG (lossless), or JPEG at quality 95 with 4:2:0 chroma (what photo shards hold, and what
+    data.decoder=nvjpeg decodes on the GPU)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG" if image_format == "png" else "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def write_split(folder: Path, indices, images, labels, templates, image_size: int, shard_size: int,
+                image_format: str = "png") -> int:
     """Write the samples `indices` as folder/shard-NNNNNN.tar; returns the number of shards."""
     import webdataset as wds
 
@@ -63,14 +76,14 @@ def write_split(folder: Path, indices, images, labels, templates, image_size: in
     with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
         for i in sorted(indices):
             label = int(labels[i])
-            sink.write({"__key__": f"{i:09d}", "png": digit_image(images[i], image_size),
+            sink.write({"__key__": f"{i:09d}", image_format: encoded_image(digit_image(images[i], image_size), image_format),
                         "txt": CAPTION_TEMPLATES[templates[i]].format(word=NUMBER_WORDS[label], digit=label),
                         "json": {"label": label, "classname": NUMBER_WORDS[label]}})
     return len(list(folder.glob("shard-*.tar")))
 
 
 def build_digits(out_dir, *, image_size: int = 32, seed: int = 0, holdout: float = 0.2,
-                 shard_size: int = 500) -> dict:
+                 shard_size: int = 500, image_format: str = "png") -> dict:
     """Write DIR/train, DIR/test, DIR/zeroshot.json and DIR/README.txt; return a summary."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -82,12 +95,12 @@ def build_digits(out_dir, *, image_size: int = 32, seed: int = 0, holdout: float
                                    random_state=seed)
     templates = np.random.default_rng(seed).integers(len(CAPTION_TEMPLATES), size=n)
     shards = {name: write_split(out / name, idx, digits.images, digits.target, templates,
-                                image_size, shard_size)
+                                image_size, shard_size, image_format)
               for name, idx in (("train", train), ("test", test))}
     (out / "zeroshot.json").write_text(json.dumps(
         {"classnames": list(NUMBER_WORDS), "templates": list(ZEROSHOT_TEMPLATES)}, indent=1))
     (out / "README.txt").write_text(README.format(size=image_size, holdout=holdout, seed=seed))
-    return {"out_dir": str(out), "image_size": image_size, "classes": len(NUMBER_WORDS),
+    return {"out_dir": str(out), "image_size": image_size, "image_format": image_format, "classes": len(NUMBER_WORDS),
             "train_samples": len(train), "test_samples": len(test),
             "train_shards": shards["train"], "test_shards": shards["test"]}
 
@@ -102,10 +115,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="split and caption seed (default 0)")
     parser.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
     parser.add_argument("--shard-size", type=int, default=500, help="samples per shard (default 500)")
+    parser.add_argument("--format", choices=IMAGE_FORMATS, default="png",
+                        help="png (default), or jpg at quality 95 (for the GPU's JPEG decoder, data.decoder=nvjpeg)")
     args = parser.parse_args(argv)
     s = build_digits(args.out, image_size=args.image_size, seed=args.seed, holdout=args.holdout,
-                     shard_size=args.shard_size)
+                     shard_size=args.shard_size, image_format=args.format)
     print(f"digits: {s['train_samples']} train + {s['test_samples']} test samples "
-          f"({s['train_shards']} + {s['test_shards']} shards, {s['image_size']}x{s['image_size']} RGB PNG) "
+          f"({s['train_shards']} + {s['test_shards']} shards, {s['image_size']}x{s['image_size']} RGB "
+          f"{s['image_format'].upper()}) "
           f"in {s['out_dir']}")
     return 0

@@ -87,14 +87,19 @@ class DecodePieces(Dataset):
     def __getitem__(self, request):
         row0, blobs, epoch, indices = request
         images = self.images(blobs, epoch, indices)
-        usable = [r for r, image in enumerate(images) if image is not None]
-        if not usable:
-            raise DataError(f"local batch rows {row0}-{row0 + len(images) - 1}: no image of these "
-                            f"{len(images)} decodes")
-        source = [r if images[r] is not None else next((u for u in usable if u > r), usable[0])
-                  for r in range(len(images))]
+        source = replacement_sources([image is not None for image in images], row0)
         pixels = torch.stack([images[s] for s in source])
-        return row0, pixels, torch.tensor(source, dtype=torch.int64), len(images) - len(usable)
+        return row0, pixels, torch.tensor(source, dtype=torch.int64), sum(image is None for image in images)
+
+
+def replacement_sources(decoded: Sequence[bool], row0: int) -> List[int]:
+    """Row r of a piece shows row source[r]: r itself if it `decoded`, else the next row of the
+    piece that did (wrapping around). A piece with none is a DataError naming its rows."""
+    usable = [r for r, ok in enumerate(decoded) if ok]
+    if not usable:
+        raise DataError(f"local batch rows {row0}-{row0 + len(decoded) - 1}: no image of these "
+                        f"{len(decoded)} decodes")
+    return [r if decoded[r] else next((u for u in usable if u > r), usable[0]) for r in range(len(decoded))]
 
 
 class _InProcess:
@@ -107,24 +112,38 @@ class _InProcess:
         pass
 
 
+DECODERS = ("pil", "torchvision", "nvjpeg", "hybrid")
+
+
 class ChunkDecoder:
-    """A rank's decoding: `workers` processes (0: decode in the calling process) started here,
-    before any batch exists (sampler.SettableSampler says why), and kept for the run, with a
-    window of `window_rows` decoded rows (decode_pool.py). `decoder`: "pil" (open_clip's
-    pixels exactly) or "torchvision" (torchvision.io's decoder and torch's resize on `device`,
-    the same crops: data.decoder)."""
+    """A rank's decoding (data.decoder):
+    - "pil": open_clip's pixels exactly, by `workers` processes (0: in the calling process);
+    - "torchvision": torchvision.io's decoder and torch's resize in those processes, the same crops;
+    - "nvjpeg": every row on `device` (device_decode.BatchedDevicePieces), no processes;
+    - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
+      on `device`: both decode each chunk at once, each at its own rate.
+    The processes are started here, before any batch exists (sampler.SettableSampler says why),
+    and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py)."""
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
-                 image_size: Optional[int] = None, window_rows: int = 0):
-        if decoder == "pil":
-            self.pieces = DecodePieces(transform, seed)
-        elif decoder == "torchvision":
+                 image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None):
+        if decoder not in DECODERS:
+            raise DataError(f"data.decoder must be one of {DECODERS}, got {decoder!r}")
+        if decoder == "torchvision":
             from .device_decode import DevicePieces  # it builds on this module
-            self.pieces = DevicePieces(transform, seed, device)
-        else:
-            raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
+            self.pieces = DevicePieces(transform, seed)
+        else:  # the processes' decoder, and the calling process's for a chunk out of the plan
+            self.pieces = DecodePieces(transform, seed)
+        self.gpu, self.gpu_share = None, 0.0
+        if decoder in ("nvjpeg", "hybrid"):
+            from .device_decode import BatchedDevicePieces
+            self.gpu = BatchedDevicePieces(transform, seed, device)
+            self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
+            if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
+                raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
+                                f"got {gpu_share!r}")
         self.pool = None
-        if workers > 0:
+        if workers > 0 and self.gpu_share < 1:
             if image_size is None:
                 raise ValueError("a decode pool needs the image size (its window's slots)")
             self.pool = DecodePool(self.pieces, workers, window_rows, (3, image_size, image_size))
@@ -133,6 +152,17 @@ class ChunkDecoder:
         self._waiting: List[weakref.ref] = []  # batches assembled before any order was known
         self._serials = itertools.count()
         self._closed = None
+
+    def split(self, lo: int, hi: int) -> Tuple[List[Tuple[int, int]], Optional[Tuple[int, int]]]:
+        """Rows [lo, hi) as (the processes' pieces, the device's rows or None). A function of
+        the chunk alone: a row is decoded by the same decoder in both passes and at a resume."""
+        gpu_rows = round((hi - lo) * self.gpu_share)
+        cut = hi - gpu_rows
+        return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
+
+    def decode_on_device(self, request):
+        """A request decoded on the device: (row0, uint8 pixels there, source rows, replaced)."""
+        return self.gpu[request]
 
     @property
     def pids(self) -> List[int]:
@@ -246,7 +276,7 @@ class EncodedBatch:
                 if (lo, hi) in seen and hi <= self.keep_rows:
                     continue  # served again from the device
                 seen.add((lo, hi))
-                pieces += _cut(lo, hi)
+                pieces += self.decoder.split(lo, hi)[0]  # the device decodes its rows when asked
         if pieces == self._planned:
             return
         self._planned = pieces
@@ -270,8 +300,21 @@ class EncodedBatch:
         if self._planned is None:  # nobody announced an order: the engine's usual one
             chunks = [(a, min(a + hi - lo, len(self))) for a in range(0, len(self), hi - lo)]
             self.schedule([chunks] * ENGINE_PASSES)
-        images, rows = None, []
-        for a, b in _cut(lo, hi):
+        pieces, on_device = self.decoder.split(lo, hi)
+        images, rows = None, {}
+        if on_device is not None:  # first: the processes go on decoding their rows meanwhile
+            a, b = on_device
+            started = time.perf_counter()
+            _, pixels, source, replaced = self.decoder.decode_on_device(self._request(a, b))
+            self.decode_wait_s += time.perf_counter() - started
+            if not pieces and pixels.device == device:
+                images = pixels
+            else:
+                images = torch.empty((hi - lo, *pixels.shape[1:]), dtype=torch.uint8, device=device)
+                images[a - lo:b - lo].copy_(pixels, non_blocking=True)
+            rows[a] = source + a
+            self._count(a, replaced)
+        for a, b in pieces:
             started = time.perf_counter()
             piece = self.decoder.take(self._serial, a, b, lambda a=a, b=b: self._request(a, b),
                                       pin=device.type == "cuda")
@@ -286,12 +329,16 @@ class EncodedBatch:
                 copied = torch.cuda.Event()
                 copied.record()
             piece.release(copied)
-            rows.append(piece.source + a)
-            if piece.replaced and a not in self._counted:
-                self._counted.add(a)
-                self.decode_skipped += piece.replaced
-        texts = self.texts[torch.cat(rows)].to(torch.int64)
+            rows[a] = piece.source + a
+            self._count(a, piece.replaced)
+        texts = self.texts[torch.cat([rows[a] for a in sorted(rows)])].to(torch.int64)
         return images, texts.to(device, non_blocking=True)
+
+    def _count(self, row0: int, replaced: int) -> None:
+        """Replaced images of the piece at row0, counted in its first decode only."""
+        if replaced and row0 not in self._counted:
+            self._counted.add(row0)
+            self.decode_skipped += replaced
 
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
         """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts)."""

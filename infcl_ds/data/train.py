@@ -225,9 +225,10 @@ HOST_BATCHES = ("encoded", "decoded")
 
 def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
                      image_size: int, tokenizer, drop_last: bool = True,
-                     mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD) -> TrainData:
+                     mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, device=None) -> TrainData:
     """The recipe's `data` section (keys and defaults: config/recipe.py, DataSection) -> this
-    rank's TrainData. Configuration errors raise DataError here."""
+    rank's TrainData. `device`: where data.decoder=nvjpeg|hybrid decodes (default: the current
+    CUDA device, else the CPU). Configuration errors raise DataError here."""
     source = build_source(spec, image_size)
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     host_batch = spec.get("host_batch", "encoded")
@@ -237,8 +238,14 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
         window = min(local_batch, kept_rows(spec.get("decode_window_gib", DEFAULT_DECODE_WINDOW_GIB), image_size))
+        if device is None and spec.get("decoder") in ("nvjpeg", "hybrid"):
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        share = spec.get("gpu_decode_share", "auto")
+        if share == "auto" and spec.get("decoder") == "hybrid":
+            raise DataError("data.gpu_decode_share=auto is resolved by the trainer (plan.hybrid_gpu_share) before "
+                            "the data is built: pass a number")
         decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"),
-                               image_size=image_size, window_rows=window)
+                               device=device, image_size=image_size, window_rows=window, gpu_share=share)
     else:
         dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
     try:

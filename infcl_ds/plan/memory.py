@@ -231,7 +231,7 @@ def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
     from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
     from ..data.train import kept_rows
     workers = recipe.data.decode_workers
-    if not workers:  # decoding in the training process: no window
+    if not workers or recipe.data.decoder == "nvjpeg":  # decoding in the training process: no window
         return 0
     rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size))
     return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + workers * DECODE_WORKER_RESERVE

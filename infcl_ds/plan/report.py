@@ -4,7 +4,7 @@ from typing import List, Sequence
 from . import memory as mem
 from .encoders import CALIBRATION_SOURCE, activation_calibration
 from .plan import GPU_LIMIT, HOST_LIMIT, Plan
-from .timing import NETWORKS, NVLINK, KernelRates, ScalingRow, min_hidden_block
+from .timing import NETWORKS, NVJPEG_RATE_PER_GPU, NVLINK, KernelRates, ScalingRow, min_hidden_block
 
 
 def count(n: int) -> str:
@@ -65,12 +65,17 @@ def _host_line(plan: Plan) -> str:
         kept = plan.gpu.components.get(mem.PIXELS_KEPT, 0) // (3 * plan.model.image_size ** 2)
         twice = (f"each sample in both passes but the {kept:,} kept decoded on the GPU" if kept
                  else "each sample twice per step")
+        decoder = plan.recipe.data.decoder
+        sources = (f"{rate.workers} decode processes at the measured {rate.per_worker:,.0f} per process"
+                   if decoder != "nvjpeg" else "")
+        if decoder in ("nvjpeg", "hybrid"):
+            sources += (" and " if sources else "") + f"the GPU's decoder at the measured {NVJPEG_RATE_PER_GPU:,.0f}"
         lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank ({twice}), "
-                  f"{rate.available:,.0f} available from {rate.workers} decode processes at the measured "
-                  f"{rate.per_worker:,.0f} per process")
+                  f"{rate.available:,.0f} available from {sources}")
         if rate.binds:
             needed = rate.workers_needed()
-            fix = (f"set data.decode_workers={needed}" if needed <= MAX_DECODE_WORKERS_ADVISED else
+            fix = ("set data.decoder=hybrid to add decode processes" if decoder == "nvjpeg" else
+                   f"set data.decode_workers={needed}" if needed <= MAX_DECODE_WORKERS_ADVISED else
                    f"{needed:,} decode processes per rank would be needed: hold the batch decoded "
                    "(data.host_batch=decoded) or give each step more work")
             lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "

@@ -86,6 +86,15 @@ FP32_ENCODER_SLOWDOWN = 2.0
 # transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
 _DECODE_RATES = read_json("calibration", "decode_rates.json")
 DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for name in ("pil", "torchvision")}
+# Decodes per second of one GPU's decoder (data.decoder: nvjpeg; the GPU's share of hybrid).
+NVJPEG_RATE_PER_GPU = float(_DECODE_RATES["nvjpeg_per_gpu"])
+
+
+def hybrid_gpu_share(workers: int) -> float:
+    """The GPU's share of each chunk under data.decoder=hybrid: its rate over the rate of the GPU
+    and `workers` PIL processes together, so both finish a chunk at once."""
+    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
+    return NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + cpu)
 
 # Bytes per second one way. NVLink 4 (H100/H200 SXM) is 900 GB/s counting both directions; a
 # ring hop sends one way. Between nodes a hop uses one 200 or 400 Gb/s NIC.
@@ -331,6 +340,7 @@ class InputRate:
     available: float    # what the rank's decode processes deliver
     workers: int
     per_worker: float   # decodes per second of one process with the recipe's data.decoder
+    device_rate: float = 0.0  # decodes per second of the GPU's decoder (nvjpeg, hybrid)
 
     @property
     def binds(self) -> bool:
@@ -341,16 +351,20 @@ class InputRate:
         return max(compute_s, compute_s * self.needed / self.available) if self.available else float("inf")
 
     def workers_needed(self) -> int:
-        return int(-(-self.needed // self.per_worker))
+        return int(-(-max(0.0, self.needed - self.device_rate) // self.per_worker))
 
 
 def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
     """Decodes a step needs: every row in the first pass, and again in the second unless its
     chunk was kept decoded on the GPU (`kept_rows`)."""
-    workers = recipe.data.decode_workers
-    per_worker = DECODE_RATES_PER_WORKER[recipe.data.decoder]
-    # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps).
-    available = max(workers, 1) * per_worker
+    workers, decoder = recipe.data.decode_workers, recipe.data.decoder
+    per_worker = DECODE_RATES_PER_WORKER["pil" if decoder in ("nvjpeg", "hybrid") else decoder]
+    if decoder == "nvjpeg":  # no decode processes
+        workers, available = 0, NVJPEG_RATE_PER_GPU
+    elif decoder == "hybrid":
+        available = workers * per_worker + NVJPEG_RATE_PER_GPU
+    else:  # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps)
+        available = max(workers, 1) * per_worker
     decodes = 2 * local_batch - kept_rows
     return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers,
-                     per_worker=per_worker)
+                     per_worker=per_worker, device_rate=NVJPEG_RATE_PER_GPU if decoder in ("nvjpeg", "hybrid") else 0.0)
