@@ -42,7 +42,7 @@ for part in "$@"; do
                     --decoder pil,nvjpeg,hybrid ;;
     data-decoders) python3 -m infcl_ds.cli bench data --shards "$shards" --workers 1,4,14 --decoders pil,torchvision \
                      --samples 4096 --out "${OUT:-docs/benchmarks}/data.json" ;;
-    zeroshot-decoders) python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg,hybrid --seeds 0,1 \
+    zeroshot-decoders) python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
                          --out "${OUT:-docs/benchmarks}/decoder_zeroshot.json" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac

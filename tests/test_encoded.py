@@ -427,6 +427,40 @@ def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, token
         assert not torch.equal(images[cut - lo:], pil.decoded(cut, hi)[0])  # the decoders do differ
 
 
+def test_the_gpu_decoders_lane_decodes_ahead_in_the_announced_order(shard, tokenizer):
+    """nvjpeg's rows are decoded on the lane's thread as soon as the order is announced, at most
+    LANE_AHEAD pieces ahead, and what the engine takes equals a decode in place."""
+    from infcl_ds.data.device_lane import LANE_AHEAD
+    batch = first_batch(shard, tokenizer, "encoded", decoder="nvjpeg")
+    lane, chunk = batch.decoder.lane, 8
+    chunks = [(lo, lo + chunk) for lo in range(0, SAMPLES, chunk)]
+    batch.schedule([chunks])
+    ready = lambda: [(e.lo, e.hi) for e in lane._batches[batch._serial] if e.state == "ready"]  # noqa: E731
+    wait_until(lambda: len(ready()) == LANE_AHEAD)
+    time.sleep(0.2)
+    assert ready() == chunks[:LANE_AHEAD]  # and no further
+    for lo, hi in chunks:
+        assert torch.equal(batch.decoded(lo, hi)[0], batch.decoder.gpu[batch._request(lo, hi)][1])
+
+
+def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
+    from infcl_ds.data.device_lane import DeviceLane
+
+    def decode(request):
+        if request == "bad":
+            raise DataError("local batch rows 8-15: no image of these 8 decodes")
+        return (0, torch.full((2,), request), None, 0), None
+    lane = DeviceLane(decode, torch.device("cpu"))
+    lane.plan(0, [(0, 8, lambda: 1), (8, 16, lambda: "bad"), (16, 24, lambda: 3)])
+    assert torch.equal(lane.take(0, 0, 8)[1], torch.full((2,), 1))
+    with pytest.raises(DataError, match="rows 8-15: no image"):
+        lane.take(0, 8, 16)
+    assert torch.equal(lane.take(0, 16, 24)[1], torch.full((2,), 3))
+    lane.close()
+    with pytest.raises(DataError, match="was closed"):
+        lane.take(0, 16, 24)
+
+
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
     from infcl_ds.plan.timing import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER

@@ -21,6 +21,7 @@ import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
+from .device_lane import handed_over
 from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
 from .transforms import sample_seed, seeded_cpu_generator
@@ -228,18 +229,21 @@ class BatchedDevicePieces(DecodePieces):
         self.geometry, self.device = CropGeometry(transform), torch.device(device)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
-    def __getitem__(self, request):
-        row0, blobs, epoch, indices = request
+    def decode(self, request):
+        """(the piece, a CUDA event recorded behind its work, or None on the CPU). On CUDA the
+        piece is decoded on this decoder's own stream, which waits for nothing queued on the
+        consumer's: it decodes while the towers still run (device_lane.handed_over gives it
+        to the consumer's stream)."""
         if self.stream is None:
-            return self._decode(row0, blobs, epoch, indices)
-        # Nothing here waits for the consumer's queued work (the decode reads host bytes and
-        # writes fresh tensors), so the piece decodes while the towers still run.
-        consumer = torch.cuda.current_stream(self.device)
+            return self._decode(*request), None
         with torch.cuda.stream(self.stream):
-            result = self._decode(row0, blobs, epoch, indices)
-        consumer.wait_stream(self.stream)
-        result[1].record_stream(consumer)  # made on our stream, used and freed on the consumer's
-        return result
+            piece = self._decode(*request)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return piece, event
+
+    def __getitem__(self, request):
+        return handed_over(self.decode(request))
 
     def _decode(self, row0, blobs, epoch, indices):
         images = decode_jpegs(blobs, self.device)

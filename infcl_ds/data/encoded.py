@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -134,10 +134,12 @@ class ChunkDecoder:
             self.pieces = DevicePieces(transform, seed)
         else:  # the processes' decoder, and the calling process's for a chunk out of the plan
             self.pieces = DecodePieces(transform, seed)
-        self.gpu, self.gpu_share = None, 0.0
+        self.gpu, self.gpu_share, self.lane = None, 0.0, None
         if decoder in ("nvjpeg", "hybrid"):
             from .device_decode import BatchedDevicePieces
+            from .device_lane import DeviceLane
             self.gpu = BatchedDevicePieces(transform, seed, device)
+            self.lane = DeviceLane(self.gpu.decode, self.gpu.device)
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
@@ -160,9 +162,11 @@ class ChunkDecoder:
         cut = hi - gpu_rows
         return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
 
-    def decode_on_device(self, request):
-        """A request decoded on the device: (row0, uint8 pixels there, source rows, replaced)."""
-        return self.gpu[request]
+    def decode_on_device(self, serial: int, lo: int, hi: int, request: Callable):
+        """Rows [lo, hi) decoded on the device, from the lane when planned, else here: (row0,
+        uint8 pixels there, source rows, replaced)."""
+        got = self.lane.take(serial, lo, hi)
+        return got if got is not None else self.gpu[request()]
 
     @property
     def pids(self) -> List[int]:
@@ -172,8 +176,9 @@ class ChunkDecoder:
         """A new batch: planned now with the last announced order if it has the same rows, else
         when the engine announces one. Returns the batch's serial number in the pool."""
         serial = next(self._serials)
-        if self.pool is not None:
-            weakref.finalize(batch, self.pool.forget, serial)
+        for planner in (self.pool, self.lane):
+            if planner is not None:
+                weakref.finalize(batch, planner.forget, serial)
         with self._lock:
             known = self._schedule
             if known is None or known[0] != len(batch):
@@ -197,9 +202,12 @@ class ChunkDecoder:
                     with self._lock:
                         self._waiting.append(weakref.ref(other))
 
-    def plan(self, serial: int, pieces) -> None:
+    def plan(self, serial: int, pieces, device_pieces=()) -> None:
+        """A batch's order: the processes' pieces and the device's, each (lo, hi, make request)."""
         if self.pool is not None:
             self.pool.plan(serial, pieces)
+        if self.lane is not None:
+            self.lane.plan(serial, list(device_pieces))
 
     def take(self, serial: int, lo: int, hi: int, request, pin: bool):
         """Rows [lo, hi) decoded: from the pool when planned, else here."""
@@ -216,6 +224,8 @@ class ChunkDecoder:
         self._closed = why
         if self.pool is not None:
             self.pool.close(why)
+        if self.lane is not None:
+            self.lane.close(why)
 
 
 def _cut(lo: int, hi: int) -> List[Tuple[int, int]]:
@@ -270,21 +280,24 @@ class EncodedBatch:
         self.decoder.announce(self, [list(map(tuple, chunks)) for chunks in passes])
 
     def _plan(self, passes, serial: Optional[int] = None) -> None:
-        seen, pieces = set(), []
+        seen, pieces, on_device = set(), [], []
         for chunks in passes:
             for lo, hi in chunks:
                 if (lo, hi) in seen and hi <= self.keep_rows:
                     continue  # served again from the device
                 seen.add((lo, hi))
-                pieces += self.decoder.split(lo, hi)[0]  # the device decodes its rows when asked
-        if pieces == self._planned:
+                cpu, gpu = self.decoder.split(lo, hi)
+                pieces += cpu
+                on_device += [gpu] if gpu else []
+        if (pieces, on_device) == self._planned:
             return
-        self._planned = pieces
+        self._planned = (pieces, on_device)
         ref = weakref.ref(self)  # the pool must not keep a dropped batch alive
 
         def request(lo, hi):
             return lambda: None if ref() is None else ref()._request(lo, hi)
-        self.decoder.plan(self._serial if serial is None else serial, [(lo, hi, request(lo, hi)) for lo, hi in pieces])
+        self.decoder.plan(self._serial if serial is None else serial, [(lo, hi, request(lo, hi)) for lo, hi in pieces],
+                          [(lo, hi, request(lo, hi)) for lo, hi in on_device])
 
     def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
@@ -305,7 +318,8 @@ class EncodedBatch:
         if on_device is not None:  # first: the processes go on decoding their rows meanwhile
             a, b = on_device
             started = time.perf_counter()
-            _, pixels, source, replaced = self.decoder.decode_on_device(self._request(a, b))
+            _, pixels, source, replaced = self.decoder.decode_on_device(self._serial, a, b,
+                                                                        lambda: self._request(a, b))
             self.decode_wait_s += time.perf_counter() - started
             if not pieces and pixels.device == device:
                 images = pixels
