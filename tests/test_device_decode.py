@@ -63,3 +63,18 @@ def test_the_evaluation_geometry_is_resize_then_center_crop(shape):
                     CenterCrop(24)])(image.float()).round().clamp(0, 255)
     diff = (got.float() - want).abs()
     assert diff.max() <= 1 and (diff > 0).sum() <= 2, diff.sum()  # the geometry is exact: rounding only
+
+
+def test_crop_draws_equal_torchvisions_under_the_global_seed_without_touching_it():
+    """The GPU decoder's thread draws each crop from a generator of its own, with the draws
+    the PIL path makes from torch's global generator under the same seed."""
+    from torchvision.transforms import RandomResizedCrop
+    from infcl_ds.data.device_decode import random_resized_crop_params
+    from infcl_ds.data.transforms import seeded_cpu_generator
+    before = torch.get_rng_state()
+    for seed, (height, width) in enumerate([(40, 61), (300, 20), (1, 1), (224, 224), (17, 900)] * 20):
+        got = random_resized_crop_params(height, width, (0.9, 1.0), (3 / 4, 4 / 3), seed)
+        with seeded_cpu_generator(seed):
+            want = RandomResizedCrop.get_params(torch.empty(3, height, width), (0.9, 1.0), (3 / 4, 4 / 3))
+        assert got == tuple(want), (seed, height, width)
+    assert torch.equal(torch.get_rng_state(), before)

@@ -423,24 +423,28 @@ def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, token
         pieces, (cut, hi) = batch.decoder.split(lo, lo + chunk)
         assert cut - lo == 14 and pieces == [(lo, cut)]
         assert torch.equal(images[:cut - lo], pil.decoded(lo, cut)[0])
-        assert torch.equal(images[cut - lo:], gpu.decoded(cut, hi)[0])
+        # Exact on the CPU; on CUDA the batched products may take another cuBLAS algorithm for
+        # another group of images, so a value at a half may round the other way.
+        same = (images[cut - lo:].float() - gpu.decoded(cut, hi)[0].float()).abs()
+        assert same.max() == 0 if not torch.cuda.is_available() else same.max() <= 1
         assert not torch.equal(images[cut - lo:], pil.decoded(cut, hi)[0])  # the decoders do differ
 
 
 def test_the_gpu_decoders_lane_decodes_ahead_in_the_announced_order(shard, tokenizer):
-    """nvjpeg's rows are decoded on the lane's thread as soon as the order is announced, at most
-    LANE_AHEAD pieces ahead, and what the engine takes equals a decode in place."""
-    from infcl_ds.data.device_lane import LANE_AHEAD
-    batch = first_batch(shard, tokenizer, "encoded", decoder="nvjpeg")
+    """nvjpeg's rows are decoded on the lane's thread as soon as the order is announced, within
+    the window (data.decode_window_gib: here 20 rows), and what the engine takes equals a decode
+    in place."""
+    window_gib = 20 * 3 * IMAGE_SIZE ** 2 / 2 ** 30
+    batch = first_batch(shard, tokenizer, "encoded", decoder="nvjpeg", decode_window_gib=window_gib)
     lane, chunk = batch.decoder.lane, 8
     chunks = [(lo, lo + chunk) for lo in range(0, SAMPLES, chunk)]
     batch.schedule([chunks])
     ready = lambda: [(e.lo, e.hi) for e in lane._batches[batch._serial] if e.state == "ready"]  # noqa: E731
-    wait_until(lambda: len(ready()) == LANE_AHEAD)
+    wait_until(lambda: len(ready()) == 2)
     time.sleep(0.2)
-    assert ready() == chunks[:LANE_AHEAD]  # and no further
+    assert ready() == chunks[:2]  # 16 rows: a third chunk would not fit in 20
     for lo, hi in chunks:
-        assert torch.equal(batch.decoded(lo, hi)[0], batch.decoder.gpu[batch._request(lo, hi)][1])
+        assert torch.equal(batch.decoded(lo, hi)[0], batch.decoder.gpu[batch._request(lo, hi)][1].cpu())
 
 
 def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
@@ -450,7 +454,7 @@ def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
         if request == "bad":
             raise DataError("local batch rows 8-15: no image of these 8 decodes")
         return (0, torch.full((2,), request), None, 0), None
-    lane = DeviceLane(decode, torch.device("cpu"))
+    lane = DeviceLane(decode, torch.device("cpu"), window_rows=8)
     lane.plan(0, [(0, 8, lambda: 1), (8, 16, lambda: "bad"), (16, 24, lambda: 3)])
     assert torch.equal(lane.take(0, 0, 8)[1], torch.full((2,), 1))
     with pytest.raises(DataError, match="rows 8-15: no image"):

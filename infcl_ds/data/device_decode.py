@@ -14,6 +14,7 @@ antialiased bicubic resize is two small matrix products, batched over the piece,
 does not grow with launches per image. Both run on a stream of their own, which the consumer's
 stream waits for: a chunk decodes while the towers still run the previous one.
 """
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -24,7 +25,7 @@ from torchvision.transforms import functional as F
 from .device_lane import handed_over
 from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
-from .transforms import sample_seed, seeded_cpu_generator
+from .transforms import sample_seed
 
 JPEG_MAGIC = b"\xff\xd8"
 # Images per batched crop-and-resize: bounds its float32 work buffers (~64 x 3 x 400^2 x 4 B
@@ -67,14 +68,39 @@ class CropGeometry:
         height, width = image.shape[-2:]
         s = self.size[0]
         if self.random_crop is not None:
-            rrc = self.random_crop
-            # The PIL path runs the transform under this seed and get_params is its first draw.
-            with seeded_cpu_generator(seed):
-                top, left, h, w = RandomResizedCrop.get_params(image, rrc.scale, rrc.ratio)
+            top, left, h, w = random_resized_crop_params(height, width, self.random_crop.scale,
+                                                         self.random_crop.ratio, seed)
             return Box(top, left, h, w, s, s, 0, 0)
         out_h, out_w = _resized_size(height, width, self.resize.size, self.resize.max_size)
         # torchvision's CenterCrop rounds the offsets so; the resize never leaves less than a crop.
         return Box(0, 0, height, width, out_h, out_w, int(round((out_h - s) / 2.0)), int(round((out_w - s) / 2.0)))
+
+
+def random_resized_crop_params(height: int, width: int, scale, ratio, seed: int) -> tuple:
+    """torchvision's RandomResizedCrop.get_params, step for step, drawing from a generator of its
+    own seeded with `seed`: the draws of the PIL path, which runs the transform under this seed
+    on torch's global generator (get_params is its first draw), without touching that global
+    generator, which the GPU decoder's thread must not share with the training loop."""
+    generator = torch.Generator().manual_seed(seed)
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
+            j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
+            return i, j, h, w
+    in_ratio = float(width) / float(height)  # no draw fitted: the central crop
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def _resized_size(height: int, width: int, size, max_size) -> tuple:

@@ -9,8 +9,9 @@ is hidden wherever the host has time between launches. Each result is a piece de
 lane's CUDA stream with an event behind it: the consumer's stream waits for the event, not the
 host (`handed_over`).
 
-At most LANE_AHEAD pieces wait, decoded, on the device: their memory (a chunk's uint8 pixels
-each, 150 MiB for 1,024 rows at 224 px) is what the lane adds to the step's.
+At most `window_rows` decoded rows wait on the device (data.decode_window_gib times the GPU's
+share of each chunk; the planner counts them: plan/memory.py): enough, at the default, for the
+lane to decode most of the next local batch during a step's grad pass, as the pool does.
 """
 import threading
 import time
@@ -22,9 +23,6 @@ import torch
 from .decode_pool import DECODE_TIMEOUT_S
 from .errors import DataError
 
-# Decoded pieces waiting on the device for the engine: enough to cover a chunk's towers work
-# while the next is decoded, few enough to stay out of the planner's margin.
-LANE_AHEAD = 3
 
 
 class _Entry:
@@ -50,11 +48,12 @@ def handed_over(result):
 
 
 class DeviceLane:
-    """Decodes planned pieces with `decode(request) -> (piece, event)` on a thread, LANE_AHEAD
-    ahead; `take` returns one (None if it was not planned: the caller decodes it itself)."""
+    """Decodes planned pieces with `decode(request) -> (piece, event)` on a thread, at most
+    `window_rows` decoded rows ahead (one piece at least); `take` returns one (None if it was not
+    planned: the caller decodes it itself)."""
 
-    def __init__(self, decode: Callable, device: torch.device, ahead: int = LANE_AHEAD):
-        self._decode, self._device, self._ahead = decode, device, ahead
+    def __init__(self, decode: Callable, device: torch.device, window_rows: int):
+        self._decode, self._device, self._window = decode, device, window_rows
         self._cond = threading.Condition()
         self._batches: "OrderedDict[int, List[_Entry]]" = OrderedDict()
         self._thread: Optional[threading.Thread] = None
@@ -121,14 +120,13 @@ class DeviceLane:
             self._thread.join(DECODE_TIMEOUT_S)
 
     def _next(self) -> Optional[_Entry]:
-        """The earliest planned piece, if fewer than `ahead` wait decoded."""
-        waiting = sum(e.state in ("ready", "decoding") for entries in self._batches.values() for e in entries)
-        if waiting >= self._ahead:
-            return None
+        """The earliest planned piece, if it fits in the window beside the rows waiting."""
+        waiting = sum(e.hi - e.lo for entries in self._batches.values() for e in entries
+                      if e.state in ("ready", "decoding"))
         for entries in self._batches.values():
             for entry in entries:
                 if entry.state == "planned":
-                    return entry
+                    return entry if not waiting or waiting + entry.hi - entry.lo <= self._window else None
         return None
 
     def _run(self) -> None:

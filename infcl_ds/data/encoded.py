@@ -139,11 +139,12 @@ class ChunkDecoder:
             from .device_decode import BatchedDevicePieces
             from .device_lane import DeviceLane
             self.gpu = BatchedDevicePieces(transform, seed, device)
-            self.lane = DeviceLane(self.gpu.decode, self.gpu.device)
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
                                 f"got {gpu_share!r}")
+            # The GPU's share of the window: what the planner counts on the device.
+            self.lane = DeviceLane(self.gpu.decode, self.gpu.device, int(window_rows * self.gpu_share))
         self.pool = None
         if workers > 0 and self.gpu_share < 1:
             if image_size is None:

@@ -48,6 +48,7 @@ ACTIVATIONS, FEATURES, FEATURE_GRADS, LOSS_BUFFERS = ("activations (one chunk)",
                                                       "cached feature gradients", "loss and ring buffers")
 ENCODER_PASS, REDUCTION, LOSS = "encoder pass", "reduction", "loss"
 PIXELS_KEPT = "decoded chunks kept for the grad pass"
+DEVICE_WINDOW = "the GPU decoder's window of decoded rows"
 
 
 def gib(nbytes: float) -> str:
@@ -163,10 +164,11 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
         FEATURE_GRADS: feature_bytes(local, model.embed_dim, elem),
         LOSS_BUFFERS: loss_bytes(local, model.embed_dim, elem, world),
         PIXELS_KEPT: kept_pixel_rows(recipe, local, model.image_size) * 3 * model.image_size ** 2,
+        DEVICE_WINDOW: device_window_rows(recipe, local, model.image_size) * 3 * model.image_size ** 2,
     })
     # Decoded chunks kept from the first pass to the second fill up during the first, and are
     # freed one by one during the second: counted whole throughout.
-    always = (PARAMS, OPTIM, RUNTIME) + ((ZERO_BUFFERS,) if stage >= 3 else ()) + (PIXELS_KEPT,)
+    always = (PARAMS, OPTIM, RUNTIME) + ((ZERO_BUFFERS,) if stage >= 3 else ()) + (PIXELS_KEPT, DEVICE_WINDOW)
     feature_grads = () if recipe.batch.offload_features else (FEATURE_GRADS,)
     across_chunks = GRAD_SUM if components[GRAD_SUM] else GRADS
     encoder = always + (across_chunks, ACTIVATIONS) + feature_grads
@@ -235,6 +237,21 @@ def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
         return 0
     rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size))
     return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + workers * DECODE_WORKER_RESERVE
+
+
+def device_window_rows(recipe: Recipe, local: int, image_size: int) -> int:
+    """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
+    device (data.decode_window_gib, at most a local batch, times the GPU's share of each chunk;
+    data/device_lane.py)."""
+    data = recipe.data
+    if data.host_batch == "decoded" or data.decoder not in ("nvjpeg", "hybrid"):
+        return 0
+    from ..data.train import kept_rows
+    from .timing import hybrid_gpu_share
+    share = 1.0 if data.decoder == "nvjpeg" else data.gpu_decode_share
+    if share == "auto":
+        share = hybrid_gpu_share(data.decode_workers)
+    return int(min(local, kept_rows(data.decode_window_gib, image_size)) * share)
 
 
 def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:

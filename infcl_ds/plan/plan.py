@@ -29,12 +29,13 @@ _BLAME = {mem.PARAMS: "parameters need", mem.GRADS: "gradients need", mem.OPTIM:
           mem.GRAD_SUM: "the fp32 gradient sum needs", mem.ZERO_BUFFERS: "ZeRO's buffers need",
           mem.RUNTIME: "the runtime reserve needs", mem.ACTIVATIONS: "one chunk's activations need",
           mem.FEATURES: "cached features and their gradients need", mem.LOSS_BUFFERS: "the loss and ring buffers need",
-          mem.PIXELS_KEPT: "decoded chunks kept for the grad pass (data.keep_decoded_gib) need"}
+          mem.PIXELS_KEPT: "decoded chunks kept for the grad pass (data.keep_decoded_gib) need",
+          mem.DEVICE_WINDOW: "the GPU decoder's window (data.decode_window_gib) needs"}
 # Remedies tried first for each culprit, then any other that works.
 _RELEVANT = {mem.FEATURES: ("offload", "gpus"), mem.ACTIVATIONS: ("chunk", "checkpointing"),
              mem.PARAMS: ("zero", "gpus"), mem.GRADS: ("zero", "gpus"), mem.OPTIM: ("zero", "gpus"),
              mem.GRAD_SUM: ("zero", "gpus"), mem.ZERO_BUFFERS: ("zero", "gpus"),
-             mem.LOSS_BUFFERS: ("gpus",), mem.RUNTIME: ("gpus",), mem.PIXELS_KEPT: ("keep", "gpus"),
+             mem.LOSS_BUFFERS: ("gpus",), mem.RUNTIME: ("gpus",), mem.PIXELS_KEPT: ("keep", "gpus"), mem.DEVICE_WINDOW: ("gpus",),
              HOST_LIMIT: ("gpus", "workers", "no-offload"), TIME_LIMIT: ("gpus",)}
 
 
