@@ -10,7 +10,9 @@ that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py).
 
 Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data,
 output directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or
-timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step).
+timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step); 4
+the deepspeed launcher that started the ranks went away (SIGINT/SIGTERM to it: every rank
+stops within 30 s, after a checkpoint being written; training/launcher_watch.py).
 """
 import argparse
 import json
@@ -93,7 +95,7 @@ class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
     def __init__(self, recipe: Recipe, resume: Optional[str] = None, trust_checkpoint: bool = False,
-                 allow_recipe_change: bool = False, restart: bool = False):
+                 allow_recipe_change: bool = False, restart: bool = False, watch=None):
         import deepspeed.comm as dist
 
         from .data import build_eval_data, build_train_data
@@ -105,8 +107,11 @@ class Trainer:
         from .training.preflight import check_free_disk, check_output_dir, checkpoint_bytes
         from .training.schedule import warmup_cosine
 
+        from .training.launcher_watch import LauncherWatch
         self.recipe = recipe
         self.phase = "joining the job"  # what this rank is doing, for the one-line error of a failure
+        self.watch = watch if watch is not None else LauncherWatch([])
+        self.watch.where = lambda: self.phase
         self.trust_checkpoint = trust_checkpoint
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -242,6 +247,7 @@ class Trainer:
 
     def run(self) -> dict:
         from .training import checkpoint
+        from .training.launcher_watch import agreed_stop
         from .training.metrics import MetricsLogger, peak_memory_gib
         r = self.recipe
         logger = MetricsLogger(self.run_dir, self.rank == 0, r.logging.tensorboard, resume_step=self.step)
@@ -251,6 +257,9 @@ class Trainer:
         engine = self.step_engine.engine
         results = {}
         while self.step < r.schedule.steps:
+            self.phase = f"after step {self.step}"
+            if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
+                self.watch.exit(self.rank)
             self.phase = f"step {self.step + 1}"
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
@@ -306,8 +315,9 @@ class Trainer:
     def _save(self, checkpoint) -> None:
         self.phase = f"saving the checkpoint of step {self.step}"
         client = {"data": self.data.state_dict()}
-        checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
-                        keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
+        with self.watch.saving():  # a launcher that goes now waits for this save (it is atomic either way)
+            checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
+                            keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
 
     def _logit_scale(self) -> float:
         param = self.step_engine.model.logit_scale
@@ -435,9 +445,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return USER_ERROR_EXIT
     start = time.perf_counter()
     trainer = None
+    from .training.launcher_watch import watch_launcher
+    watch = watch_launcher()  # from here on, a rank whose deepspeed launcher is killed stops
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
-                          allow_recipe_change=args.allow_recipe_change, restart=args.restart)
+                          allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch)
     except _user_errors() as err:  # found by every rank alike, before any work: a plain return
         print(f"infcl-ds train: {err}", file=sys.stderr)
         return USER_ERROR_EXIT
