@@ -21,6 +21,7 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import Dataset
 
+from ..shown import shown
 from .batch import normalize
 from .decode_pool import DECODE_PIECE_ROWS, DecodePool, DecodePoolError
 from .errors import DataError
@@ -122,7 +123,7 @@ class ChunkDecoder:
             from .device_decode import DevicePieces  # it builds on this module
             self.pieces = DevicePieces(transform, seed, device)
         else:
-            raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {decoder!r}")
+            raise DataError(f"data.decoder must be 'pil' or 'torchvision', got {shown(decoder)}")
         self.pool = None
         if workers > 0:
             if image_size is None:
