@@ -213,6 +213,7 @@ class Trainer:
         if not tag:
             return None
         from .training import checkpoint
+        from .training.recipe_change import summary as change_summary
         from .training.recipe_change import trajectory_changes
         tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
         checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
@@ -220,10 +221,10 @@ class Trainer:
         changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
             raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
-                                  f"({'; '.join(changes)}): refused; pass --allow-recipe-change to resume anyway")
+                                  f"({change_summary(changes)}): refused; pass --allow-recipe-change to resume anyway")
         if changes and self.rank == 0:
             print(f"infcl-ds train: resuming {tag_dir.name} with recipe changes (--allow-recipe-change): "
-                  f"{'; '.join(changes)}", file=sys.stderr, flush=True)
+                  f"{change_summary(changes)}", file=sys.stderr, flush=True)
         return tag_dir
 
     def _resume(self) -> None:
@@ -246,7 +247,7 @@ class Trainer:
         return int(count.item())
 
     def run(self) -> dict:
-        from .training import checkpoint
+        from .training import checkpoint, divergence
         from .training.launcher_watch import agreed_stop
         from .training.metrics import MetricsLogger, peak_memory_gib
         r = self.recipe
@@ -263,7 +264,14 @@ class Trainer:
             self.phase = f"step {self.step + 1}"
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
-            loss = self.step_engine.train_step(batch)
+            try:
+                loss = self.step_engine.train_step(batch)
+            except ValueError as err:  # raised on every rank alike (the loss shares its input check)
+                features = divergence.nonfinite_features(err)
+                if features is None:
+                    raise
+                raise divergence.diverged(self.step + 1, features, self.checkpoint_dir) from None
+            divergence.check_step(self.step + 1, loss, engine.get_global_grad_norm(), self.checkpoint_dir)
             # An encoded batch finds its undecodable images during the step (data/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
@@ -313,7 +321,9 @@ class Trainer:
         return results
 
     def _save(self, checkpoint) -> None:
+        from .training.divergence import check_weights
         self.phase = f"saving the checkpoint of step {self.step}"
+        check_weights(self.step_engine.model.parameters(), self.step, self.checkpoint_dir, self.device, self.world)
         client = {"data": self.data.state_dict()}
         with self.watch.saving():  # a launcher that goes now waits for this save (it is atomic either way)
             checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
@@ -385,8 +395,9 @@ USER_ERROR_EXIT = 2
 def _user_errors():
     """Errors that are the run's configuration or files, not a bug: one line, exit 2."""
     from .data import DataError
+    from .training.divergence import DivergedError
     from .training.preflight import StartupError
-    return RecipeError, DataError, CheckpointError, StartupError, FileNotFoundError
+    return RecipeError, DataError, CheckpointError, StartupError, DivergedError, FileNotFoundError
 
 
 def _collective_failure(err: BaseException) -> bool:
@@ -451,7 +462,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
                           allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch)
     except _user_errors() as err:  # found by every rank alike, before any work: a plain return
-        print(f"infcl-ds train: {err}", file=sys.stderr)
+        print(f"infcl-ds train: {_one_line(err)}", file=sys.stderr)
         return USER_ERROR_EXIT
     except Exception as err:  # noqa: BLE001 - a peer that failed while the engine was built
         if not _collective_failure(err):
