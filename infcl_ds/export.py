@@ -19,7 +19,8 @@ from typing import Dict, Optional
 import torch
 
 from .cli_args import ArgumentParser
-from .models import create_model, loss_of_state_dict, state_dict_shapes
+from .models import CONFIG_DIR, create_model, loss_of_state_dict, state_dict_shapes
+from .training.atomic import atomic_write_bytes
 from .training.checkpoint import LATEST, resolve_tag
 from .training.manifest import MANIFEST, verify
 from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepspeed_reads_weights_only,
@@ -149,5 +150,25 @@ def main(argv=None) -> int:
         print(f"infcl-ds export: {err}", file=sys.stderr)
         return 2
     params = sum(value.numel() for value in state_dict.values())
-    print(f"exported {run_model_name(tag_dir)} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}")
+    name = run_model_name(tag_dir)
+    try:
+        config = write_config_beside(name, args.out)
+    except OSError as err:
+        print(f"infcl-ds export: writing the config of {name} beside --out failed: {err}", file=sys.stderr)
+        return 2
+    how = "" if config is None else (f"; open_clip does not ship {name}: call open_clip.add_model_config"
+                                     f"({str(config)!r}) before open_clip.create_model({name!r})")
+    print(f"exported {name} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}{how}")
     return 0
+
+
+def write_config_beside(name: str, out_path) -> Optional[Path]:
+    """For an architecture of this project (model_configs/, unknown to a plain open_clip), its
+    config as ``<name>.json`` beside the exported file, so that the state dict loads in a
+    process that never imports infcl_ds; None for open_clip's own architectures."""
+    shipped = CONFIG_DIR / f"{name}.json"
+    if not shipped.is_file():
+        return None
+    target = Path(out_path).parent / shipped.name
+    atomic_write_bytes(target, shipped.read_bytes())
+    return target

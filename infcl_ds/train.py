@@ -10,7 +10,9 @@ that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py).
 
 Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data,
 output directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or
-timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step).
+timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step); 4
+the deepspeed launcher that started the ranks went away (SIGINT/SIGTERM to it: every rank
+stops within 30 s, after a checkpoint being written; training/launcher_watch.py).
 """
 import argparse
 import json
@@ -111,7 +113,7 @@ class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
     def __init__(self, recipe: Recipe, resume: Optional[str] = None, trust_checkpoint: bool = False,
-                 allow_recipe_change: bool = False, restart: bool = False):
+                 allow_recipe_change: bool = False, restart: bool = False, watch=None):
         import deepspeed.comm as dist
 
         from .data import build_eval_data, build_train_data
@@ -123,8 +125,11 @@ class Trainer:
         from .training.preflight import check_free_disk, check_output_dir, checkpoint_bytes
         from .training.schedule import warmup_cosine
 
+        from .training.launcher_watch import LauncherWatch
         self.recipe = recipe
         self.phase = "joining the job"  # what this rank is doing, for the one-line error of a failure
+        self.watch = watch if watch is not None else LauncherWatch([])
+        self.watch.where = lambda: self.phase
         self.trust_checkpoint = trust_checkpoint
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -226,6 +231,7 @@ class Trainer:
         if not tag:
             return None
         from .training import checkpoint
+        from .training.recipe_change import summary as change_summary
         from .training.recipe_change import trajectory_changes
         tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
         checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
@@ -233,10 +239,10 @@ class Trainer:
         changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
             raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
-                                  f"({'; '.join(changes)}): refused; pass --allow-recipe-change to resume anyway")
+                                  f"({change_summary(changes)}): refused; pass --allow-recipe-change to resume anyway")
         if changes and self.rank == 0:
             print(f"infcl-ds train: resuming {tag_dir.name} with recipe changes (--allow-recipe-change): "
-                  f"{'; '.join(changes)}", file=sys.stderr, flush=True)
+                  f"{change_summary(changes)}", file=sys.stderr, flush=True)
         return tag_dir
 
     def _resume(self) -> None:
@@ -259,7 +265,8 @@ class Trainer:
         return int(count.item())
 
     def run(self) -> dict:
-        from .training import checkpoint
+        from .training import checkpoint, divergence
+        from .training.launcher_watch import agreed_stop
         from .training.metrics import MetricsLogger, peak_memory_gib
         r = self.recipe
         logger = MetricsLogger(self.run_dir, self.rank == 0, r.logging.tensorboard, resume_step=self.step)
@@ -269,10 +276,20 @@ class Trainer:
         engine = self.step_engine.engine
         results = {}
         while self.step < r.schedule.steps:
+            self.phase = f"after step {self.step}"
+            if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
+                self.watch.exit(self.rank)
             self.phase = f"step {self.step + 1}"
             batch = next(batches)
             lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
-            loss = self.step_engine.train_step(batch)
+            try:
+                loss = self.step_engine.train_step(batch)
+            except ValueError as err:  # raised on every rank alike (the loss shares its input check)
+                features = divergence.nonfinite_features(err)
+                if features is None:
+                    raise
+                raise divergence.diverged(self.step + 1, features, self.checkpoint_dir) from None
+            divergence.check_step(self.step + 1, loss, engine.get_global_grad_norm(), self.checkpoint_dir)
             # An encoded batch finds its undecodable images during the step (data/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
@@ -322,10 +339,13 @@ class Trainer:
         return results
 
     def _save(self, checkpoint) -> None:
+        from .training.divergence import check_weights
         self.phase = f"saving the checkpoint of step {self.step}"
+        check_weights(self.step_engine.model.parameters(), self.step, self.checkpoint_dir, self.device, self.world)
         client = {"data": self.data.state_dict()}
-        checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
-                        keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
+        with self.watch.saving():  # a launcher that goes now waits for this save (it is atomic either way)
+            checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
+                            keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
 
     def _logit_scale(self) -> float:
         param = self.step_engine.model.logit_scale
@@ -393,8 +413,9 @@ USER_ERROR_EXIT = 2
 def _user_errors():
     """Errors that are the run's configuration or files, not a bug: one line, exit 2."""
     from .data import DataError
+    from .training.divergence import DivergedError
     from .training.preflight import StartupError
-    return RecipeError, DataError, CheckpointError, StartupError, FileNotFoundError
+    return RecipeError, DataError, CheckpointError, StartupError, DivergedError, FileNotFoundError
 
 
 def _collective_failure(err: BaseException) -> bool:
@@ -453,11 +474,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return USER_ERROR_EXIT
     start = time.perf_counter()
     trainer = None
+    from .training.launcher_watch import watch_launcher
+    watch = watch_launcher()  # from here on, a rank whose deepspeed launcher is killed stops
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
-                          allow_recipe_change=args.allow_recipe_change, restart=args.restart)
+                          allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch)
     except _user_errors() as err:  # found by every rank alike, before any work: a plain return
-        print(f"infcl-ds train: {err}", file=sys.stderr)
+        print(f"infcl-ds train: {_one_line(err)}", file=sys.stderr)
         return USER_ERROR_EXIT
     except Exception as err:  # noqa: BLE001 - a peer that failed while the engine was built
         if not _collective_failure(err):

@@ -83,5 +83,10 @@ if [ -n "$hostfile" ]; then
   mv "$next_env" .deepspeed_env
 fi
 
+# exec: this script's pid becomes the deepspeed launcher's, so SIGINT/SIGTERM to it (or a job
+# scheduler's) reaches the process whose death every rank watches (training/launcher_watch.py):
+# the ranks agree to stop at the next step, after a checkpoint being written. A trap that
+# killed the process group instead would cut ranks mid-save; a shell left waiting in between
+# would die alone and leave the job running.
 exec deepspeed ${launcher[@]+"${launcher[@]}"} --module infcl_ds.train --config "$recipe" \
   ${trainer[@]+"${trainer[@]}"}

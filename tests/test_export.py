@@ -2,6 +2,7 @@
 that open_clip loads strictly, equal to the engine's weights after a step, with a 0-dim
 logit_scale; the exported model scores the same under open_clip's zero-shot code as ours."""
 import json
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -167,3 +168,19 @@ def test_eval_batch_size_zero_is_one_line(tmp_path, capsys):
         eval_main(["--checkpoint", str(tmp_path), "--data", str(tmp_path), "--batch-size", "0"])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and "--batch-size: must be at least 1, got 0" in err
+
+
+def test_readme_export_line_loads_a_tiny_model_in_a_plain_open_clip(run, tmp_path, capsys):
+    """`infcl-ds export` of a tiny model writes its config beside the file and says how to load
+    it: a process that never imports infcl_ds loads it strictly."""
+    run_dir, _ = run
+    out = tmp_path / "model.pt"
+    assert export_main(["--checkpoint", str(run_dir), "--out", str(out)]) == 0
+    config = tmp_path / f"{NAME}.json"
+    assert f"open_clip.add_model_config({str(config)!r}) before open_clip.create_model({NAME!r})" in \
+        capsys.readouterr().out.splitlines()[0]
+    program = (f"import open_clip, torch; open_clip.add_model_config({str(config)!r}); "
+               f"open_clip.create_model({NAME!r}).load_state_dict(torch.load({str(out)!r}), strict=True); "
+               "print('loaded')")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.stdout.strip().endswith("loaded"), done.stderr[-2000:]

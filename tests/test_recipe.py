@@ -164,7 +164,7 @@ YAML_SETS = [
      r"--set 'zero.overrides=\{a: &x \[1, 2\], b: \*x\}': YAML alias \*x is not allowed in a recipe"),
     # The 40 KB value is cut short in the message: one readable line.
     ("deep", "zero.overrides=" + "[" * 20000 + "]" * 20000,
-     r"--set 'zero.overrides=\[{65}'\.\.\.: nested more than 32 levels deep$"),
+     r"--set 'zero.overrides=\[{65}'\.\.\. \(40,015 characters\): nested more than 32 levels deep$"),
     ("int-key", "zero.overrides={1: x}",
      r"--set 'zero.overrides=\{1: x\}': key '1' is not a name \(YAML reads it as int 1\); quote it if it is one$"),
     ("null-key", "zero.overrides={~: x}",

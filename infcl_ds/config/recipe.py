@@ -16,6 +16,7 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from ..shown import shown
 from . import recipe_yaml
 
 
@@ -86,7 +87,7 @@ class DataSection(Section):
     @classmethod
     def _paths(cls, value):
         if value is not None and not isinstance(value, (str, list)):
-            raise ValueError(f"must be a path or a list of paths, got {type(value).__name__} {value!r}")
+            raise ValueError(f"must be a path or a list of paths, got {type(value).__name__} {shown(value)}")
         return value
 
     @model_validator(mode="after")
@@ -169,7 +170,7 @@ class DistributedSection(Section):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 / 60 <= value <= MAX_TIMEOUT_MIN:
             raise ValueError(f"must be a number of minutes from 1/60 (one second) to {MAX_TIMEOUT_MIN:,} "
-                             f"(a year), got {value!r}")
+                             f"(a year), got {shown(value)}")
         return float(value)
 
 
@@ -186,6 +187,22 @@ class Recipe(Section):
     logging: LoggingSection = LoggingSection()
     eval: EvalSection = EvalSection()
     distributed: DistributedSection = DistributedSection()
+
+    @field_validator("output_dir")
+    @classmethod
+    def _usable_path(cls, value: str) -> str:
+        # Refused at load, on every rank alike, rather than as an OSError or a ValueError from
+        # the first mkdir (NAME_MAX is 255 bytes on Linux, macOS and the usual cluster file
+        # systems; PATH_MAX 4096).
+        if "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        longest = max((part for part in value.split("/")), key=lambda part: len(part.encode()))
+        if len(longest.encode()) > 255:
+            raise ValueError(f"has a name of {len(longest.encode())} bytes ({shown(longest, 40)}); "
+                             "file systems take at most 255 per name")
+        if len(value.encode()) >= 4096:
+            raise ValueError(f"is {len(value.encode()):,} bytes long; paths take at most 4095")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -242,7 +259,7 @@ def _check_overrides(recipe: Recipe) -> None:
             raise ValueError(f"zero.overrides.{key} is set by the recipe; use {instead}")
     for key in _MAPPING_DEEPSPEED_KEYS:
         if key in overrides and not isinstance(overrides[key], dict):
-            raise ValueError(f"zero.overrides.{key} must be a mapping, got {overrides[key]!r}")
+            raise ValueError(f"zero.overrides.{key} must be a mapping, got {shown(overrides[key])}")
     if "stage" in overrides.get("zero_optimization", {}):
         raise ValueError("zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage")
     accum = overrides.get("data_types", {}).get("grad_accum_dtype")
@@ -316,7 +333,7 @@ def _recipe_error(err: ValidationError) -> RecipeError:
         kind = "must not be empty"
     else:
         kind = _KINDS.get(e["type"], e["msg"].lower())
-    return RecipeError(f"recipe: {key} {kind}, got {e['input']!r}")
+    return RecipeError(f"recipe: {key} {kind}, got {shown(e['input'])}")
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -345,29 +362,25 @@ def _read_tree(path: Path) -> Dict[str, Any]:
     return tree
 
 
-def _shown(assignment: str, limit: int = 80) -> str:
-    """The assignment as an error names it: quoted, and cut short so that the message stays
-    one readable line whatever was passed."""
-    return repr(assignment) if len(assignment) <= limit else repr(assignment[:limit]) + "..."
-
-
 def _apply_override(tree: Dict[str, Any], assignment: str) -> None:
-    shown = _shown(assignment)
+    # The assignment as errors name it: quoted, and cut short whatever was passed.
+    arg = shown(assignment, 80)
     if "=" not in assignment:
-        raise RecipeError(f"--set {shown}: expected section.key=value")
+        raise RecipeError(f"--set {arg}: expected section.key=value")
     dotted, text = assignment.split("=", 1)
     keys = dotted.strip().split(".")
     node = tree
     for key in keys[:-1]:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
-            raise RecipeError(f"--set {shown}: {key} is not a section")
+            raise RecipeError(f"--set {arg}: {key} is not a section")
     try:
         node[keys[-1]] = recipe_yaml.load(text)  # the recipe file's rules
     except recipe_yaml.RecipeYAMLError as err:  # well-formed YAML, refused: the problem itself
-        raise RecipeError(f"--set {shown}: {err.problem}") from None
+        raise RecipeError(f"--set {arg}: {err.problem}") from None
     except yaml.YAMLError as err:
-        raise RecipeError(f"--set {shown}: not a YAML value ({getattr(err, 'problem', err)})") from None
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]  # one line, whatever YAML says
+        raise RecipeError(f"--set {arg}: not a YAML value ({problem})") from None
 
 
 def _check_model_name(name: str) -> None:
@@ -380,7 +393,7 @@ def _check_model_name(name: str) -> None:
     if name not in known:
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
         hint = f"; closest: {', '.join(near)}" if near else "; see open_clip.list_models()"
-        raise RecipeError(f"recipe: model.name {name!r} is not an open_clip architecture{hint}")
+        raise RecipeError(f"recipe: model.name {shown(name)} is not an open_clip architecture{hint}")
 
 
 def check_world(recipe: Recipe, world_size: int) -> None:

@@ -16,6 +16,8 @@ Like SafeLoader, no tag constructs a Python object: only SafeLoader's constructo
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from ..shown import shown
+
 # A recipe is 2 levels deep, DeepSpeed overrides under zero.overrides a few more; the composer
 # takes a few Python frames per level, so this stays far below the interpreter's limit.
 MAX_DEPTH = 32
@@ -60,7 +62,7 @@ class RecipeLoader(yaml.SafeLoader):
                 line = key_node.start_mark.line + 1
                 if key in first_line:
                     first = "" if first_line[key] == line else f"first on line {first_line[key]}; "
-                    raise RecipeYAMLError(f"duplicate key {key!r} ({first}YAML would keep only the last)",
+                    raise RecipeYAMLError(f"duplicate key {shown(key)} ({first}YAML would keep only the last)",
                                           key_node.start_mark)
                 first_line[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -75,8 +77,8 @@ class RecipeLoader(yaml.SafeLoader):
         key = self.construct_object(key_node)
         if not isinstance(key, str):
             # YAML 1.1 reads 1, on, no, null, 2024-01-01 as numbers, booleans, null, dates.
-            read = "null" if key is None else f"{type(key).__name__} {key!r}"
-            raise RecipeYAMLError(f"key {key_node.value!r} is not a name (YAML reads it as {read}); "
+            read = "null" if key is None else f"{type(key).__name__} {shown(key)}"
+            raise RecipeYAMLError(f"key {shown(key_node.value)} is not a name (YAML reads it as {read}); "
                                   "quote it if it is one", key_node.start_mark)
         return key
 

@@ -3,10 +3,13 @@ checked before a launch (launch/train.sh, mpi.sh and slurm.sbatch run it on the 
 so that a typo fails in a second instead of after every rank has built its engine.
 
 Cheap: shard patterns are expanded and every shard must exist and be a regular file (no tar
-is read), a CSV must exist, be UTF-8 throughout and have the recipe's image and caption
-columns, an evaluation split must have its shards and zero-shot prompts. The trainer runs the
-same check at start-up and checks the contents as it reads them. The command also looks at
-(stats, never reads) every CSV row's image: one that is a FIFO, a device or over
+is read), a CSV must exist, be UTF-8 throughout (a byte order mark is fine) and have the
+recipe's image and caption columns, an evaluation split must have its shards and zero-shot
+prompts. The trainer runs the same check at start-up and checks the contents as it reads
+them. The command also indexes every training shard (tar headers only, cached for the
+trainer): one cut short is named, since training would only warn and read what it holds; and
+it reads every CSV row as the trainer does (a field over MAX_CSV_FIELD_CHARS is named) and
+looks at (stats, never reads) every row's image: one that is a FIFO, a device or over
 MAX_IMAGE_BYTES is named, since training would only skip it; a missing one is left to the
 trainer's skip count, as before.
 """
@@ -19,10 +22,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..shown import shown
 from .errors import DataError
 from .eval import find_zeroshot
 from .samples import MAX_IMAGE_BYTES, not_a_sample_file
-from .sources import csv_separator, require_columns
+from .sources import CSV_ENCODING, csv_rows, csv_separator, require_columns
+from .tar_index import cut_short_message, shard_spans
 from .webdataset_source import expand_shards
 
 
@@ -33,7 +38,10 @@ def check_paths(data, images: bool = False) -> str:
     if data.source == "synthetic":
         found = f"synthetic data, {data.synthetic_size} samples"
     elif data.source == "webdataset":
-        found = f"{len(expand_shards(data.train))} shards"
+        shards = expand_shards(data.train)
+        found = f"{len(shards)} shards"
+        if images:
+            found += f" ({check_shards_whole(shards)} samples)"
     else:
         rows = check_csv(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator)
         if images:
@@ -46,12 +54,25 @@ def check_paths(data, images: bool = False) -> str:
     return found
 
 
+def check_shards_whole(shards) -> int:
+    """The samples in `shards`; DataError naming the first shard that is cut short (training
+    would only warn and read what it holds). Reads the tar headers only, and leaves the index
+    in the cache the trainer reads."""
+    total = 0
+    for shard in shards:
+        spans, cut = shard_spans(shard)
+        if cut:
+            raise DataError(cut_short_message(shard, len(spans)))
+        total += len(spans)
+    return total
+
+
 def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = None) -> int:
     """The CSV exists, decodes as UTF-8 (the first bad byte's line named) and its header has
     both columns; returns its number of lines after the header. One pass over the file's bytes."""
     path = Path(path)
     separator = csv_separator(path, separator)
-    decoder, line, header = codecs.getincrementaldecoder("utf-8")(), 1, None  # line: 1 + newlines read
+    decoder, line, header = codecs.getincrementaldecoder(CSV_ENCODING)(), 1, None  # line: 1 + newlines read
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             try:
@@ -80,23 +101,19 @@ def check_csv_images(path, img_key: str, separator: Optional[str] = None) -> Non
     Only stats: no image is opened, so this cannot block either."""
     path = Path(path)
     separator = csv_separator(path, separator)
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=separator)
-        try:
-            for row in reader:
-                name = row.get(img_key)
-                if not name:
-                    continue
-                try:
-                    info = os.stat(path.parent / name)
-                except OSError:
-                    continue  # missing or unreadable: skipped and counted in training
-                why = not_a_sample_file(info)
-                if why is not None:
-                    raise DataError(f"CSV {path} line {reader.line_num}: image {name} {why}; only regular files of "
-                                    f"at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
-        except csv.Error as err:
-            raise DataError(f"CSV {path} line {reader.line_num}: {err}") from None
+    with csv_rows(path, separator) as rows:
+        for row in rows:
+            name = row.get(img_key)
+            if not name:
+                continue
+            try:
+                info = os.stat(path.parent / name)
+            except OSError:
+                continue  # missing or unreadable: skipped and counted in training
+            why = not_a_sample_file(info)
+            if why is not None:
+                raise DataError(f"CSV {path} line {rows.reader.line_num}: image {shown(name, quote=False)} {why}; only regular "
+                                f"files of at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -21,6 +21,7 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import Dataset
 
+from ..shown import shown
 from .batch import normalize
 from .decode_pool import DECODE_PIECE_ROWS, DecodePool, DecodePoolError
 from .errors import DataError
@@ -128,7 +129,7 @@ class ChunkDecoder:
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
                  image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None):
         if decoder not in DECODERS:
-            raise DataError(f"data.decoder must be one of {DECODERS}, got {decoder!r}")
+            raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
         if decoder == "torchvision":
             from .device_decode import DevicePieces  # it builds on this module
             self.pieces = DevicePieces(transform, seed)
@@ -142,7 +143,7 @@ class ChunkDecoder:
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
-                                f"got {gpu_share!r}")
+                                f"got {shown(gpu_share)}")
             # The GPU's share of the window: what the planner counts on the device.
             self.lane = DeviceLane(self.gpu.decode, self.gpu.device, int(window_rows * self.gpu_share))
         self.pool = None

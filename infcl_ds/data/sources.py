@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..shown import shown
 from .errors import DataError
 from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, read_image_file, require_image_bytes
 from .webdataset_source import TarSource
@@ -18,7 +19,7 @@ def build_source(spec: dict, image_size: int):
     """Check the spec and open its source; every problem is a DataError naming the key or path."""
     kind = spec.get("source")
     if kind not in SOURCES:
-        raise DataError(f"data.source must be one of {SOURCES}, got {kind!r}")
+        raise DataError(f"data.source must be one of {SOURCES}, got {shown(kind)}")
     if kind != "synthetic" and spec.get("train") is None:
         raise DataError(f"data.train is required for source {kind!r}")
     if kind == "synthetic":
@@ -39,11 +40,51 @@ def csv_separator(path: Path, separator=None) -> str:
     return separator
 
 
+# Python's csv module refuses a field over 131,072 characters by default: a long caption (a
+# scraped page) would pass the header check and then stop the trainer mid-read. Captions are
+# cut to the tokenizer's context anyway; this bounds what one field may hold in memory.
+MAX_CSV_FIELD_CHARS = 1 << 20
+# A UTF-8 byte order mark (Excel's "CSV UTF-8") is not part of the first column's name.
+CSV_ENCODING = "utf-8-sig"
+
+
+def csv_rows(path: Path, separator: str):
+    """(reader, rows) of a CSV read as the trainer and `data check` both read it: UTF-8 with
+    or without a byte order mark, fields of up to MAX_CSV_FIELD_CHARS; a malformed row is a
+    DataError naming the file and line. A context manager: ``with csv_rows(p, sep) as rows``."""
+    return _CsvRows(Path(path), separator)
+
+
+class _CsvRows:
+    def __init__(self, path: Path, separator: str):
+        self.path, self.separator = path, separator
+
+    def __enter__(self):
+        csv.field_size_limit(MAX_CSV_FIELD_CHARS)
+        self._file = open(self.path, newline="", encoding=CSV_ENCODING)
+        self.reader = csv.DictReader(self._file, delimiter=self.separator)
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+    def __iter__(self):
+        try:
+            yield from self.reader
+        except csv.Error as err:
+            why = str(err)
+            if "field larger than field limit" in why:
+                why = (f"a field is longer than {MAX_CSV_FIELD_CHARS:,} characters (captions are cut to the "
+                       "tokenizer's context anyway: shorten it)")
+            # The csv reader's own count: DictReader's is updated only after a row is read whole.
+            raise DataError(f"CSV {self.path} line {self.reader.reader.line_num}: {why}") from None
+
+
 def require_columns(path: Path, fields, keys, separator: str, hint: str = "") -> None:
     """DataError naming the `keys` missing from the CSV's header `fields`."""
     missing = [key for key in keys if key not in (fields or [])]
     if missing:
-        raise DataError(f"CSV {path} lacks column(s) {missing} (has {fields}, separator {separator!r}){hint}")
+        raise DataError(f"CSV {path} lacks column(s) {missing} (has {shown(fields)}, separator {shown(separator)}){hint}")
 
 
 class CsvSource:
@@ -55,9 +96,8 @@ class CsvSource:
     def __init__(self, path, img_key: str = "filepath", caption_key: str = "title", separator=None):
         path = Path(path)
         separator = csv_separator(path, separator)
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f, delimiter=separator)
-            require_columns(path, reader.fieldnames, (img_key, caption_key), separator)
+        with csv_rows(path, separator) as reader:
+            require_columns(path, reader.reader.fieldnames, (img_key, caption_key), separator)
             rows = [(row[img_key], row[caption_key]) for row in reader]
         if not rows:
             raise DataError(f"CSV {path} has no rows")
@@ -86,7 +126,7 @@ class SyntheticSource:
 
     def __init__(self, size: int, image_size: int):
         if not isinstance(size, int) or size <= 0:
-            raise DataError(f"synthetic_size must be a positive int, got {size!r}")
+            raise DataError(f"synthetic_size must be a positive int, got {shown(size)}")
         self.size, self.image_size = size, image_size
 
     def __len__(self) -> int:

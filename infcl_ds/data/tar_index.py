@@ -11,7 +11,7 @@ import hashlib
 import os
 import tarfile
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 from webdataset.tariterators import base_plus_ext
@@ -22,15 +22,26 @@ IMAGE, TEXT, LABEL = range(3)
 ROLE_EXTENSIONS = (("jpg", "jpeg", "png", "webp"), ("txt",), ("cls", "json"))
 
 
-def scan_shard(path: Path) -> np.ndarray:
-    """int64 [samples, 3 roles, (offset, size)] for one uncompressed tar, in member order."""
+def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
+    """(int64 [samples, 3 roles, (offset, size)] for one uncompressed tar, in member order;
+    whether the shard is cut short). tarfile stops without a word at a header cut off by the
+    end of the file (a copy that did not finish), so a shard counts as cut short unless its
+    last member is followed by the end-of-archive block of zeros; a member whose data runs
+    past the end is left out."""
     members = {}  # key -> {ext: (offset, size)}; dicts keep first-seen order
     try:
         with tarfile.open(path, mode="r:") as tar:
+            file_size = os.fstat(tar.fileobj.fileno()).st_size
+            cut = False
             for info in tar:
+                if info.isfile() and info.offset_data + info.size > file_size:
+                    cut = True
+                    continue
                 key, ext = base_plus_ext(info.name) if info.isfile() else (None, None)
                 if key is not None:
                     members.setdefault(key, {})[ext.lower()] = (info.offset_data, info.size)
+            tar.fileobj.seek(tar.offset)
+            cut = cut or tar.fileobj.read(512) != bytes(512)
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"cannot index tar shard {path}: {e}") from e
     spans = np.full((len(members), len(ROLE_EXTENSIONS), 2), -1, dtype=np.int64)
@@ -39,7 +50,12 @@ def scan_shard(path: Path) -> np.ndarray:
             found = next((by_ext[e] for e in extensions if e in by_ext), None)
             if found is not None:
                 spans[row, role] = found
-    return spans
+    return spans, cut
+
+
+def cut_short_message(path: Path, samples: int) -> str:
+    return (f"shard {path} is cut short (it ends inside a tar member or header, or holds no end-of-archive "
+            f"block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it out")
 
 
 def _cache_file(path: Path) -> Path:
@@ -49,13 +65,16 @@ def _cache_file(path: Path) -> Path:
     return root / "tar-index" / f"{hashlib.sha1(ident).hexdigest()}.npy"
 
 
-def shard_spans(path: Path) -> np.ndarray:
+def shard_spans(path: Path) -> Tuple[np.ndarray, bool]:
     """`scan_shard`, through the cache. The cache is written atomically (ranks may index the
-    same shard at once), and a failure to write it only costs a rescan."""
+    same shard at once), and a failure to write it only costs a rescan. A shard cut short is
+    not cached: it is scanned, and reported, at every start until it is replaced."""
     cache = _cache_file(path)
     if cache.exists():
-        return np.load(cache)
-    spans = scan_shard(path)
+        return np.load(cache), False
+    spans, cut = scan_shard(path)
+    if cut:
+        return spans, cut
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
@@ -64,7 +83,7 @@ def shard_spans(path: Path) -> np.ndarray:
         os.replace(tmp, cache)
     except OSError:
         pass
-    return spans
+    return spans, False
 
 
 class TarIndex:
@@ -72,7 +91,10 @@ class TarIndex:
 
     def __init__(self, shards: List[Path]):
         self.shards = list(shards)
-        per_shard = [shard_spans(p) for p in self.shards]
+        scans = [shard_spans(p) for p in self.shards]
+        per_shard = [spans for spans, _ in scans]
+        # (shard, samples read from it) for each shard that is cut short
+        self.cut_short = [(path, len(spans)) for path, (spans, cut) in zip(self.shards, scans) if cut]
         # starts[s] = global number of shard s's first sample: a binary search finds the shard.
         self.starts = np.cumsum([0] + [len(s) for s in per_shard])[:-1]
         self.spans = np.concatenate(per_shard) if per_shard else np.empty((0, 3, 2), np.int64)

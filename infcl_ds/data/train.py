@@ -9,6 +9,7 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
+from ..shown import shown
 from .batch import HostBatch
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
@@ -233,7 +234,7 @@ def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int
     transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
     host_batch = spec.get("host_batch", "encoded")
     if host_batch not in HOST_BATCHES:
-        raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {host_batch!r}")
+        raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {shown(host_batch)}")
     if host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
         keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)

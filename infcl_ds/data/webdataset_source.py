@@ -3,6 +3,7 @@ as a random-access source."""
 import glob
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import List, Sequence, Union
 
@@ -11,7 +12,7 @@ import braceexpand
 from .errors import DataError
 from .samples import (EncodedSample, Sample, decode_caption, decode_image, file_kind, parse_label,
                       require_image_bytes)
-from .tar_index import IMAGE, LABEL, TEXT, TarIndex
+from .tar_index import IMAGE, LABEL, TEXT, TarIndex, cut_short_message
 
 ShardSpec = Union[str, Path, Sequence[Union[str, Path]]]
 
@@ -56,6 +57,11 @@ class TarSource:
         self.index = TarIndex(expand_shards(shards))
         if len(self.index) == 0:
             raise DataError(f"no samples in shards {shards}")
+        # A shard cut short still trains on what it holds; `infcl-ds data check` refuses it.
+        # Said once per job (every rank indexes the same shards), one line per shard.
+        if os.environ.get("RANK", "0") == "0":
+            for path, samples in self.index.cut_short:
+                print(f"infcl-ds: warning: {cut_short_message(path, samples)}", file=sys.stderr, flush=True)
 
     def __len__(self) -> int:
         return len(self.index)

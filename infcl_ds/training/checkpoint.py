@@ -30,9 +30,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..shown import shown
 from .atomic import atomic_write_bytes
 from .manifest import verify, write_manifest
 from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weights_only
+from .state_mismatch import summarize
 
 LATEST = "latest"
 RECIPE = "recipe.yaml"
@@ -183,6 +185,9 @@ def resolve_tag(checkpoint_dir: Path, tag: str = LATEST, flag: str = "--resume")
         name, source = read_latest(checkpoint_dir), f"{pointer}"
         if not name:
             raise CheckpointError(f"{pointer} is empty; {_intact_hint(checkpoint_dir, flag)}")
+        if not name.isprintable() or len(name.encode()) > 255:  # a NUL would reach the file system as a ValueError
+            raise CheckpointError(f"{pointer} does not hold a tag name (it holds {shown(name, 60)}): damaged; "
+                                  f"{_intact_hint(checkpoint_dir, flag)}")
     tag_dir = checkpoint_dir / name
     if os.path.isabs(name) or tag_dir.resolve().parent != checkpoint_dir.resolve():
         raise CheckpointError(f"checkpoint tag {name!r} (from {source}) is not a directory inside {checkpoint_dir}: "
@@ -221,7 +226,7 @@ def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any
                 raise
             # DeepSpeed copies flat buffers back without checking their layout first.
             raise CheckpointError(
-                f"checkpoint {tag_dir} does not match this engine's parameters ({err}): written for another "
+                f"checkpoint {tag_dir} does not match this engine's parameters ({summarize(err)}): written for another "
                 "model, optimizer grouping or ZeRO stage, or a ZeRO-3 checkpoint written before 348ab6c "
                 "(another order of the optimizer groups; docs/training.md)") from None
     if path is None:

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ..config.recipe import MAX_TIMEOUT_MIN
+from ..shown import shown
 from .preflight import StartupError
 
 _SOURCES = {
@@ -60,7 +61,7 @@ def parse_timeout_minutes(text: str) -> float:
     except ValueError:
         minutes = float("nan")
     if not 1 / 60 <= minutes <= MAX_TIMEOUT_MIN:  # the recipe key's bounds (NaN fails too)
-        raise ValueError(f"DEEPSPEED_TIMEOUT={text!r}: the collective timeout must be a number of minutes from "
+        raise ValueError(f"DEEPSPEED_TIMEOUT={shown(text)}: the collective timeout must be a number of minutes from "
                          f"1/60 (one second) to {MAX_TIMEOUT_MIN:,} (a year)")
     return minutes
 

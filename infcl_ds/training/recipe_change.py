@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import yaml
 
 from ..config import recipe_yaml
+from ..shown import shown
 from .safe_load import CheckpointError
 
 TRAJECTORY_KEYS = (
@@ -60,5 +61,15 @@ def trajectory_changes(saved_yaml: str, current_yaml: str, saved_from: str = "th
         before, after = _leaves(_lookup(saved, key), key), _leaves(_lookup(current, key), key)
         for leaf in sorted(set(before) | set(after)):
             if before.get(leaf) != after.get(leaf):
-                changes.append(f"{leaf}: {before.get(leaf)!r} -> {after.get(leaf)!r}")
+                changes.append(f"{leaf}: {shown(before.get(leaf), 60)} -> {shown(after.get(leaf), 60)}")
     return changes
+
+
+SHOWN_CHANGES = 5
+
+
+def summary(changes: List[str]) -> str:
+    """The changes as one line: the first SHOWN_CHANGES, then how many more (a new model or
+    data list changes many leaves at once)."""
+    more = len(changes) - SHOWN_CHANGES
+    return "; ".join(changes[:SHOWN_CHANGES]) + (f"; and {more} more" if more > 0 else "")

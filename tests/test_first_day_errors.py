@@ -1,0 +1,202 @@
+"""A cluster user's first day, the hostile-input half: each problem is one line naming the value,
+key or file (exit 2 where a command ends), bounded in length, and the trainer and `infcl-ds data
+check` read data alike. In process, except one diverging run of the trainer."""
+import csv
+import io
+import tarfile
+
+import pytest
+import torch
+from PIL import Image
+
+from launch_utils import TINY, start_ranks, wait_all
+
+from infcl_ds.config import RecipeError, load_recipe
+from infcl_ds.data import DataError
+from infcl_ds.data.check import main as check_main
+from infcl_ds.data.sources import MAX_CSV_FIELD_CHARS, CsvSource
+from infcl_ds.data.webdataset_source import TarSource
+from infcl_ds.shown import shown
+from infcl_ds.training import checkpoint
+from infcl_ds.training.divergence import DivergedError, check_step, check_weights, nonfinite_features
+from infcl_ds.training.recipe_change import summary, trajectory_changes
+from infcl_ds.training.safe_load import CheckpointError
+from infcl_ds.training.state_mismatch import summarize
+
+
+@pytest.fixture(autouse=True)
+def index_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFCL_DS_CACHE", str(tmp_path / "cache"))  # tar indexes not in ~/.cache
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    assert "\n" not in text.strip() and "Traceback" not in text and len(text) < limit, text[:2000]
+    return text.strip()
+
+
+def _data_check(capsys, *sets):
+    args = ["--config", str(TINY), "--set", "data.eval=null"]
+    for item in sets:
+        args += ["--set", item]
+    code = check_main(args)
+    return code, capsys.readouterr()
+
+
+def _png(tmp_path):
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "a.png")
+    return "a.png"
+
+
+# -- a diverged run -----------------------------------------------------------------------
+
+def test_divergence_is_decided_from_values_every_rank_shares(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    check_step(3, torch.tensor(1.5), 2.0, checkpoints)
+    with pytest.raises(DivergedError, match=r"^step 3: the run diverged: the loss is nan; .*; no checkpoint was "
+                                            r"written$"):
+        check_step(3, torch.tensor(float("nan")), 2.0, checkpoints)
+    checkpoints.mkdir()
+    (checkpoints / checkpoint.LATEST).write_text("step_00000002")
+    with pytest.raises(DivergedError, match=r"^step 4: the run diverged: the gradient norm is inf; .*; the last "
+                                            r"checkpoint is step_00000002$"):
+        check_step(4, torch.tensor(1.0), float("inf"), checkpoints)
+    err = ValueError("image_features contains NaN or Inf (pass check_finite=False to skip this check)")
+    assert nonfinite_features(err) == "image_features contains NaN or Inf"
+    assert nonfinite_features(ValueError("batch mismatch")) is None
+    good, bad = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    check_weights(good.parameters(), 5, checkpoints, torch.device("cpu"), world=1)
+    with torch.no_grad():
+        bad.weight[0, 0] = float("inf")
+    with pytest.raises(DivergedError, match="weights are no longer finite after the optimizer step, not saved"):
+        check_weights(bad.parameters(), 5, checkpoints, torch.device("cpu"), world=1)
+
+
+@pytest.mark.slow
+def test_a_diverged_run_names_its_step_and_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    code = wait_all(start_ranks(1, [f"output_dir={run}", "optimizer.lr=1e30", "schedule.warmup_steps=0",
+                                    "schedule.steps=4", "checkpoint.every=1"], log_dir=tmp_path))
+    log = (tmp_path / "rank0.log").read_text()
+    assert code == [2], log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    lines = [line for line in log.splitlines() if line.startswith("infcl-ds train:")]
+    assert len(lines) == 1 and "step 2: the run diverged: image_features contains NaN or Inf" in lines[0], lines
+    assert lines[0].endswith("the last checkpoint is step_00000001"), lines
+    tags = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    assert tags == ["step_00000001"]
+    checkpoint.resolve_tag(run / "checkpoints")  # complete; its weights were checked finite before the save
+
+
+# -- CSVs: long captions, a byte order mark -------------------------------------------------
+
+def test_long_captions_are_read_alike_by_the_trainer_and_data_check(tmp_path, capsys):
+    image = _png(tmp_path)
+    table = tmp_path / "long.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["filepath", "title"])
+        writer.writerow([image, "x" * 200_000])  # over csv's default 131,072
+        writer.writerow([image, "a red square"])
+    assert len(CsvSource(table).captions[0]) == 200_000
+    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    assert code == 0, out.err
+
+    with table.open("a", newline="") as f:
+        csv.writer(f).writerow([image, "y" * (MAX_CSV_FIELD_CHARS + 1)])
+    expected = f"CSV {table} line 4: a field is longer than {MAX_CSV_FIELD_CHARS:,} characters"
+    with pytest.raises(DataError, match="^" + expected):
+        CsvSource(table)
+    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    assert code == 2 and _one_line(out.err).startswith(f"infcl-ds data check: {expected}")
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    image = _png(tmp_path)
+    table = tmp_path / "excel.csv"
+    table.write_text(f"filepath,title\n{image},a red square\n", encoding="utf-8-sig")
+    assert table.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert CsvSource(table).images == [image]
+    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    assert code == 0, out.err
+
+
+# -- a shard cut short ----------------------------------------------------------------------
+
+def test_a_shard_cut_inside_a_tar_header_is_reported(tmp_path, capsys):
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, "PNG")
+    whole = tmp_path / "whole.tar"
+    with tarfile.open(whole, "w") as tar:
+        for i in range(32):
+            for ext, data in (("png", png.getvalue()), ("txt", b"a caption")):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(whole) as tar:
+        header = next(m for m in tar.getmembers() if m.name == "0020.png").offset
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole.read_bytes()[:header + 100])  # a copy that stopped inside sample 20's header
+
+    assert len(TarSource(str(whole))) == 32 and capsys.readouterr().err == ""
+    assert len(TarSource(str(cut))) == 20
+    warning = _one_line(capsys.readouterr().err)
+    assert warning.startswith(f"infcl-ds: warning: shard {cut} is cut short") and "20 sample(s) read" in warning
+    code, out = _data_check(capsys, "data.source=webdataset", f"data.train={cut}")
+    assert code == 2
+    assert _one_line(out.err).startswith(f"infcl-ds data check: shard {cut} is cut short"), out.err
+    assert "20 sample(s) read from it" in out.err
+
+
+# -- output_dir, latest, a changed model ----------------------------------------------------
+
+@pytest.mark.parametrize("name, why", [('"runs/a\\0b"', "output_dir must not contain a NUL character"),
+                                       ("runs/" + "n" * 300, "output_dir has a name of 300 bytes")])
+def test_an_unusable_output_dir_is_one_line_at_load(tmp_path, name, why):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TINY.read_text().replace("output_dir: runs/tiny-cpu", f"output_dir: {name}"))
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe)
+    assert _one_line(str(err.value)).startswith(f"recipe: {why}")
+
+
+def test_latest_holding_a_nul_is_named(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / checkpoint.LATEST).write_bytes(b"step_\x0000000001")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.resolve_tag(checkpoints)
+    assert _one_line(str(err.value)).startswith(f"{checkpoints / checkpoint.LATEST} does not hold a tag name")
+
+
+def test_a_changed_model_is_a_short_summary():
+    saved = "model:\n  name: infcl-tiny\nschedule:\n  steps: 10\noptimizer:\n  lr: 0.1\n  eps: 1.0e-8\n" \
+            "  weight_decay: 0.2\ndata:\n  train: [" + ", ".join(f"s{i}.tar" for i in range(2000)) + "]\n"
+    current = "model:\n  name: infcl-tiny-digits\nschedule:\n  steps: 20\noptimizer:\n  lr: 0.2\n  eps: 1.0e-6\n" \
+              "  weight_decay: 0.1\ndata:\n  train: [t.tar]\n"
+    line = _one_line(summary(trajectory_changes(saved, current)))
+    assert line.startswith("model.name: 'infcl-tiny' -> 'infcl-tiny-digits'") and line.endswith("; and 1 more")
+    assert "characters)" in line  # the 2000 shards, cut short
+
+    old = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 4), torch.nn.Linear(4, 4))
+    new = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Linear(8, 4))
+    with pytest.raises(RuntimeError) as err:
+        new.load_state_dict(old.state_dict())
+    assert summarize(err.value) == ("3 shape(s) differ (first: 0.weight: [3, 2] saved, [8, 2] here); "
+                                    "2 key(s) the model does not have (first: 2.weight)")
+
+
+# -- bounded values --------------------------------------------------------------------------
+
+def test_error_lines_quote_at_most_a_bounded_part_of_a_value(tmp_path):
+    assert shown("abc") == "'abc'"
+    assert shown("x" * 10_000_000) == repr("x" * 200) + "... (10,000,000 characters)"
+    huge = "y" * 1_000_000  # a 10 MB value reads the same, only slower
+    for sets in (["model.loss=" + huge], [huge], ["batch.global=" + huge]):
+        with pytest.raises(RecipeError) as err:
+            load_recipe(TINY, sets)
+        _one_line(str(err.value))
+    table = tmp_path / "wide.csv"
+    table.write_text(",".join(["z" * 100_000] * 50) + "\n")
+    with pytest.raises(DataError) as err:
+        CsvSource(table)
+    _one_line(str(err.value))
