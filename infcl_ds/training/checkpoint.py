@@ -97,6 +97,16 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     tag_dir = checkpoint_dir / tag
     device = next(engine.module.parameters()).device
     failure: Optional[BaseException] = None
+    # A tag of this name from a trajectory abandoned by resuming an earlier tag may hold the
+    # files of another number of ranks: it goes before any rank writes, so none is mixed in.
+    if rank == 0 and tag_dir.exists():
+        try:
+            shutil.rmtree(tag_dir)
+        except OSError as err:
+            failure = err
+    if _failed_ranks(failure is not None, device):
+        raise CheckpointError(f"saving checkpoint {tag} failed: the earlier {tag_dir} could not be removed"
+                              + (f": {failure}" if failure is not None else " (see rank 0)"))
     try:
         engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state={"step": step}, save_latest=False)
     except Exception as err:  # noqa: BLE001 - a write failure is re-raised below on every rank
