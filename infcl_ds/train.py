@@ -249,7 +249,7 @@ class Trainer:
         lap, batches = time.perf_counter(), self._batches()
         from .engine.compile import graphs_compiled
         engine = self.step_engine.engine
-        results = {}
+        results, start = {}, self.step
         while self.step < r.schedule.steps:
             self.phase = f"step {self.step + 1}"
             batch = next(batches)
@@ -284,7 +284,8 @@ class Trainer:
         # Ends the data thread and workers now (the batch ahead is not needed), not at exit.
         batches.close()
         self.data.close()
-        self._save(checkpoint)
+        if self.step > start:  # else the tag it resumed from holds this state already
+            self._save(checkpoint)
         if self.eval_data is not None:
             self.phase = "the final evaluation"
             results = self.evaluate()
