@@ -216,14 +216,14 @@ def read_client(tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]
     return load_weights_only(path)
 
 
-def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
-    """Restore the engine (model, optimizer, scheduler) from a tag ``resolve_tag`` returned
-    and return this rank's client state, with the RNG streams already restored."""
+def load_engine(engine, tag_dir: Path, trust: bool = False, source: Optional[Path] = None) -> None:
+    """Restore the engine (model, optimizer, scheduler) from ``source`` (a tag directory;
+    ``tag_dir``, the verified tag it stands for, by default), every file read weights-only."""
     tag_dir = Path(tag_dir)
-    client = read_client(tag_dir, rank, trust)
+    source = Path(source or tag_dir)
     with deepspeed_reads_weights_only(trust):
         try:
-            path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+            path, _ = engine.load_checkpoint(str(source.parent), tag=source.name)
         except CheckpointError:
             raise
         except RuntimeError as err:
@@ -236,5 +236,12 @@ def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any
                 "(another order of the optimizer groups; docs/training.md)") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
+
+
+def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
+    """Restore the engine from a tag ``resolve_tag`` returned, written by as many ranks as
+    there are now, and return this rank's client state, with the RNG streams already restored."""
+    client = read_client(tag_dir, rank, trust)
+    load_engine(engine, tag_dir, trust)
     set_rng_state(client["rng"])
     return client
