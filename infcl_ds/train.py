@@ -146,6 +146,15 @@ class Trainer:
         if not resume:
             self._claim_run_dir(restart)
         self.resume_dir = self._resume_dir(resume, allow_recipe_change)
+        ds_config = build_deepspeed_config(recipe, self.world)
+        if self.resharding:
+            from .training import reshard
+            why = reshard.unsupported(ds_config)
+            if why:
+                saved = reshard.ranks(self.saved_world)
+                raise CheckpointError(f"cannot resume {self.resume_dir.name}, written by {saved}, on "
+                                      f"{reshard.ranks(self.world)}: {why}; resume it on {saved}")
+            ds_config = reshard.universal_config(ds_config)
         self.phase = "building the model, engine and data"
         random.seed(recipe.model.seed)
         np.random.seed(recipe.model.seed)
@@ -164,7 +173,7 @@ class Trainer:
         schedule = warmup_cosine(optimizer, recipe.schedule.steps, recipe.schedule.warmup_steps,
                                  recipe.schedule.min_lr_ratio)
         self.step_engine = ContrastiveEngine.create(
-            model.to(self.device), build_deepspeed_config(recipe, self.world), recipe.batch.chunk,
+            model.to(self.device), ds_config, recipe.batch.chunk,
             optimizer=optimizer, offload_features=recipe.batch.offload_features,
             grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
             compile_backend="inductor" if recipe.compiles(self.device.type) else None)
@@ -228,13 +237,20 @@ class Trainer:
         """The verified checkpoint to resume (None for a fresh run), read before any heavy
         set-up: its tag inside checkpoints/, its manifest, this rank's client state
         (weights-only) and its recipe, whose trajectory-changing keys must be unchanged."""
+        self.saved_world, self.merged_client = self.world, None
         if not tag:
             return None
-        from .training import checkpoint
+        from .training import checkpoint, reshard
         from .training.recipe_change import summary as change_summary
         from .training.recipe_change import trajectory_changes
         tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
-        checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
+        self.saved_world = reshard.saved_world_size(tag_dir)
+        if self.resharding:
+            self.merged_client = reshard.merged_client(
+                tag_dir, self.saved_world, self.rank,
+                lambda path, rank: checkpoint.read_client(path, rank, self.trust_checkpoint))
+        else:
+            checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
         saved = tag_dir / checkpoint.RECIPE
         changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
@@ -245,9 +261,19 @@ class Trainer:
                   f"{change_summary(changes)}", file=sys.stderr, flush=True)
         return tag_dir
 
+    @property
+    def resharding(self) -> bool:
+        """Resuming a checkpoint written by another number of ranks (training/reshard.py)."""
+        return self.saved_world != self.world
+
     def _resume(self) -> None:
-        from .training import checkpoint
-        client = checkpoint.load(self.step_engine.engine, self.resume_dir, self.rank, self.trust_checkpoint)
+        from .training import checkpoint, reshard
+        if self.resharding:
+            client = self.merged_client
+            reshard.load(self.step_engine.engine, self.resume_dir, client, self.saved_world, self.rank, self.device,
+                         self.recipe.model.seed, self.trust_checkpoint)
+        else:
+            client = checkpoint.load(self.step_engine.engine, self.resume_dir, self.rank, self.trust_checkpoint)
         self.step = client["step"]
         self.data.load_state_dict(client["data"])
 
@@ -274,7 +300,7 @@ class Trainer:
         lap, batches = time.perf_counter(), self._batches()
         from .engine.compile import graphs_compiled
         engine = self.step_engine.engine
-        results = {}
+        results, start = {}, self.step
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
             if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
@@ -319,7 +345,8 @@ class Trainer:
         # Ends the data thread and workers now (the batch ahead is not needed), not at exit.
         batches.close()
         self.data.close()
-        self._save(checkpoint)
+        if self.step > start:  # else the tag it resumed from holds this state already
+            self._save(checkpoint)
         if self.eval_data is not None:
             self.phase = "the final evaluation"
             results = self.evaluate()

@@ -99,6 +99,16 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     tag_dir = checkpoint_dir / tag
     device = next(engine.module.parameters()).device
     failure: Optional[BaseException] = None
+    # A tag of this name from a trajectory abandoned by resuming an earlier tag may hold the
+    # files of another number of ranks: it goes before any rank writes, so none is mixed in.
+    if rank == 0 and tag_dir.exists():
+        try:
+            shutil.rmtree(tag_dir)
+        except OSError as err:
+            failure = err
+    if _failed_ranks(failure is not None, device):
+        raise CheckpointError(f"saving checkpoint {tag} failed: the earlier {tag_dir} could not be removed"
+                              + (f": {failure}" if failure is not None else " (see rank 0)"))
     try:
         engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state={"step": step}, save_latest=False)
     except Exception as err:  # noqa: BLE001 - a write failure is re-raised below on every rank
@@ -211,14 +221,14 @@ def read_client(tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]
     return load_weights_only(path)
 
 
-def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
-    """Restore the engine (model, optimizer, scheduler) from a tag ``resolve_tag`` returned
-    and return this rank's client state, with the RNG streams already restored."""
+def load_engine(engine, tag_dir: Path, trust: bool = False, source: Optional[Path] = None) -> None:
+    """Restore the engine (model, optimizer, scheduler) from ``source`` (a tag directory;
+    ``tag_dir``, the verified tag it stands for, by default), every file read weights-only."""
     tag_dir = Path(tag_dir)
-    client = read_client(tag_dir, rank, trust)
+    source = Path(source or tag_dir)
     with deepspeed_reads_weights_only(trust):
         try:
-            path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+            path, _ = engine.load_checkpoint(str(source.parent), tag=source.name)
         except CheckpointError:
             raise
         except RuntimeError as err:
@@ -231,5 +241,12 @@ def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any
                 "(another order of the optimizer groups; docs/training.md)") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
+
+
+def load(engine, tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
+    """Restore the engine from a tag ``resolve_tag`` returned, written by as many ranks as
+    there are now, and return this rank's client state, with the RNG streams already restored."""
+    client = read_client(tag_dir, rank, trust)
+    load_engine(engine, tag_dir, trust)
     set_rng_state(client["rng"])
     return client
