@@ -32,3 +32,13 @@ def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir
 
 def wait_all(procs, timeout=300) -> List[int]:
     return [p.wait(timeout=timeout) for p in procs]
+
+
+def data_check(capsys, *sets):
+    """`infcl-ds data check` of the tiny recipe with `sets` (no eval split): (exit code, captured output)."""
+    from infcl_ds.data.check import main
+    args = ["--config", str(TINY), "--set", "data.eval=null"]
+    for item in sets:
+        args += ["--set", item]
+    code = main(args)
+    return code, capsys.readouterr()

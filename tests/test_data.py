@@ -16,6 +16,8 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from launch_utils import data_check
+
 from infcl_ds.data import DataError, HostBatch, build_eval_data, build_train_data
 from infcl_ds.data.digits import NUMBER_WORDS, build_digits, main as digits_main
 from infcl_ds.data.sampler import epoch_order
@@ -520,27 +522,17 @@ def test_reading_an_image_file_is_bounded(tmp_path, monkeypatch):
         read_image_file(tmp_path / "absent.png")
 
 
-def _data_check(capsys, *sets):
-    from infcl_ds.data.check import main
-    from launch_utils import TINY
-    args = ["--config", str(TINY), "--set", "data.eval=null"]
-    for item in sets:
-        args += ["--set", item]
-    code = main(args)
-    return code, capsys.readouterr()
-
-
 def test_data_check_names_a_csv_row_that_is_a_device_or_a_fifo(tmp_path, capsys):
     path, fifo = _special_rows_csv(tmp_path)
-    code, out = _data_check(capsys, "data.source=csv", f"data.train={path}")
+    code, out = data_check(capsys, "data.source=csv", f"data.train={path}")
     assert code == 2
     assert out.err == (f"infcl-ds data check: CSV {path} line 3: image /dev/zero is a character device, not a regular "
                        f"file; only regular files of at most 64 MiB are read as samples\n")
     path.write_text("filepath,title\nimg/0.png,zero\nimg/absent.png,gone\nimg/fifo.png,two\n")
-    code, out = _data_check(capsys, "data.source=csv", f"data.train={path}")
+    code, out = data_check(capsys, "data.source=csv", f"data.train={path}")
     assert code == 2 and f"CSV {path} line 4: image img/fifo.png is a FIFO, not a regular file" in out.err
     path.write_text("filepath,title\nimg/0.png,zero\nimg/absent.png,gone\n")  # a missing image: skipped in training
-    assert _data_check(capsys, "data.source=csv", f"data.train={path}")[0] == 0
+    assert data_check(capsys, "data.source=csv", f"data.train={path}")[0] == 0
 
 
 def test_a_shard_that_is_a_fifo_or_a_device_is_refused(tmp_path, id_shards, capsys):
@@ -549,10 +541,10 @@ def test_a_shard_that_is_a_fifo_or_a_device_is_refused(tmp_path, id_shards, caps
     shards = tmp_path / "shards"
     shutil.copytree(id_shards, shards)
     os.mkfifo(shards / "shard-000009.tar")
-    code, out = _data_check(capsys, "data.source=webdataset", f"data.train={shards}")
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={shards}")
     assert code == 2
     assert out.err == f"infcl-ds data check: shard {shards}/shard-000009.tar is a FIFO, not a regular file: refused\n"
-    code, out = _data_check(capsys, "data.source=webdataset", "data.train=/dev/zero")
+    code, out = data_check(capsys, "data.source=webdataset", "data.train=/dev/zero")
     assert code == 2 and "shard /dev/zero is a character device, not a regular file: refused" in out.err
     with pytest.raises(DataError, match="shard-000009.tar is a FIFO"):
         build(id_spec(shards), tokenizer=None)

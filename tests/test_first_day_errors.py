@@ -9,11 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from launch_utils import TINY, start_ranks, wait_all
+from launch_utils import TINY, data_check, start_ranks, wait_all
 
 from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.data import DataError
-from infcl_ds.data.check import main as check_main
 from infcl_ds.data.sources import MAX_CSV_FIELD_CHARS, CsvSource
 from infcl_ds.data.webdataset_source import TarSource
 from infcl_ds.shown import shown
@@ -32,14 +31,6 @@ def index_cache(tmp_path, monkeypatch):
 def _one_line(text: str, limit: int = 600) -> str:
     assert "\n" not in text.strip() and "Traceback" not in text and len(text) < limit, text[:2000]
     return text.strip()
-
-
-def _data_check(capsys, *sets):
-    args = ["--config", str(TINY), "--set", "data.eval=null"]
-    for item in sets:
-        args += ["--set", item]
-    code = check_main(args)
-    return code, capsys.readouterr()
 
 
 def _png(tmp_path):
@@ -89,7 +80,7 @@ def test_a_diverged_run_names_its_step_and_last_checkpoint(tmp_path):
 
 # -- CSVs: long captions, a byte order mark -------------------------------------------------
 
-def test_long_captions_are_read_alike_by_the_trainer_and_data_check(tmp_path, capsys):
+def test_long_captions_are_read_alike_by_the_trainer_anddata_check(tmp_path, capsys):
     image = _png(tmp_path)
     table = tmp_path / "long.csv"
     with table.open("w", newline="") as f:
@@ -98,7 +89,7 @@ def test_long_captions_are_read_alike_by_the_trainer_and_data_check(tmp_path, ca
         writer.writerow([image, "x" * 200_000])  # over csv's default 131,072
         writer.writerow([image, "a red square"])
     assert len(CsvSource(table).captions[0]) == 200_000
-    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 0, out.err
 
     with table.open("a", newline="") as f:
@@ -106,7 +97,7 @@ def test_long_captions_are_read_alike_by_the_trainer_and_data_check(tmp_path, ca
     expected = f"CSV {table} line 4: a field is longer than {MAX_CSV_FIELD_CHARS:,} characters"
     with pytest.raises(DataError, match="^" + expected):
         CsvSource(table)
-    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 2 and _one_line(out.err).startswith(f"infcl-ds data check: {expected}")
 
 
@@ -116,7 +107,7 @@ def test_a_csv_with_a_byte_order_mark_is_read(tmp_path, capsys):
     table.write_text(f"filepath,title\n{image},a red square\n", encoding="utf-8-sig")
     assert table.read_bytes().startswith(b"\xef\xbb\xbf")
     assert CsvSource(table).images == [image]
-    code, out = _data_check(capsys, "data.source=csv", f"data.train={table}")
+    code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 0, out.err
 
 
@@ -141,7 +132,7 @@ def test_a_shard_cut_inside_a_tar_header_is_reported(tmp_path, capsys):
     assert len(TarSource(str(cut))) == 20
     warning = _one_line(capsys.readouterr().err)
     assert warning.startswith(f"infcl-ds: warning: shard {cut} is cut short") and "20 sample(s) read" in warning
-    code, out = _data_check(capsys, "data.source=webdataset", f"data.train={cut}")
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={cut}")
     assert code == 2
     assert _one_line(out.err).startswith(f"infcl-ds data check: shard {cut} is cut short"), out.err
     assert "20 sample(s) read from it" in out.err
