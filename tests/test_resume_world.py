@@ -189,10 +189,9 @@ def runs(tmp_path_factory):
         """One set of ranks: the resumes due on this world size, then the fresh runs."""
         resumes = [c for c in CASES if c[2] == world and c[1] in done and c not in resumed]
         fresh = [c for c in CASES if c[1] == world and c not in whole]
-        jobs = [(str(dirs[c][1]), c[0], f"step_{RESUME_AT:08d}") for c in resumes] + [(str(dirs[c][0]), c[0], None)
-                                                                                        for c in fresh]
+        tag = f"step_{RESUME_AT:08d}"
+        jobs = [(str(dirs[c][1]), c[0], tag) for c in resumes] + [(str(dirs[c][0]), c[0], None) for c in fresh]
         if world == 1:  # first, two refused resumes of the ZeRO-1 run of 2 ranks
-            tag = f"step_{RESUME_AT:08d}"
             jobs[:0] = [(str(hostile), 1, tag, []), (str(dirs[HOSTILE][1]), 1, tag, [NVME])]
         results = _by_job(run_ranks(_train, world, jobs, wait_s=600), world)
         if world == 1:
@@ -204,8 +203,7 @@ def runs(tmp_path_factory):
             shutil.copytree(dirs[case][0], dirs[case][1])
         if world == 2 and not refused:
             shutil.copytree(dirs[HOSTILE][0], hostile)
-            _plant(hostile / "checkpoints" / f"step_{RESUME_AT:08d}" / "zero_pp_rank_1_mp_rank_00_optim_states.pt",
-                   marker)
+            _plant(hostile / "checkpoints" / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt", marker)
         done.add(world)
 
     done, refused = set(), []
