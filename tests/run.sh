@@ -17,6 +17,9 @@ if [ "${1:-}" = "--gpu" ]; then
 fi
 cd "$root"
 export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# DeepSpeed's ops built for this checkout's environment, not in the user-wide cache: another
+# checkout's venv building the same op there makes the next start here rebuild it (minutes).
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$root/.venv/torch_extensions}
 if [ "$gpu" = 1 ]; then
   # A GPU machine's own Python when it already has CUDA torch and the packages (lent GPU machines
   # cannot reach a package index, and a venv would fetch a CPU torch); else the project's venv.

@@ -204,10 +204,10 @@ def test_a_one_pass_batch_and_kept_chunks_are_planned_once(shard, tokenizer):
     data = pool_data(shard, tokenizer)
     batch = next(iter(data))
     batch.schedule([[(0, 20)]])  # one chunk: the engine encodes it once, with grad
-    assert batch._planned == [(0, 20)]
+    assert batch._planned == ([(0, 20)], [])  # (the processes' pieces, the GPU decoder's: none)
     batch.keep_rows = 16
     batch.schedule([[(0, 8), (8, 16), (16, 20)]] * 2)  # kept chunks (hi <= 16) are not planned again
-    assert batch._planned == [(0, 8), (8, 16), (16, 20), (16, 20)]
+    assert batch._planned == ([(0, 8), (8, 16), (16, 20), (16, 20)], [])
     first, second = both_passes(batch, chunk=8)
     for (im1, tx1), (im2, tx2) in zip(first, second):
         assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
@@ -242,6 +242,18 @@ def test_the_planner_counts_the_decode_window_and_its_processes():
     assert rows == 7133
     # At most a local batch, at least two slots per process.
     assert mem.decode_pool_bytes(model, recipe, 100) == 28 * 32 * row + 14 * mem.DECODE_WORKER_RESERVE
+    # The GPU decoder's window is on the device: all of it with nvjpeg (and no processes), the
+    # GPU's share with hybrid; none with the CPU decoders.
+    assert mem.device_window_rows(recipe, 32768, 224) == 0
+    nvjpeg = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1"])
+    assert mem.device_window_rows(nvjpeg, 32768, 224) == rows and mem.decode_pool_bytes(model, nvjpeg, 32768) == 0
+    assert mem.device_window_rows(nvjpeg, 100, 224) == 100
+    hybrid = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=hybrid", "data.decode_window_gib=1",
+                                "data.gpu_decode_share=0.25"])
+    assert mem.device_window_rows(hybrid, 32768, 224) == int(rows * 0.25)
+    kept = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1",
+                              "data.keep_decoded_gib=0", "batch.chunk=256"])
+    assert mem.DEVICE_WINDOW in mem.gpu_memory(model, kept, 1).phases[mem.ENCODER_PASS]
 
 
 def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):
