@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from ..loss import contrastive_loss
+from ..losses import contrastive_loss
 from .common import extrapolated, fmt_row, is_oom, measure, run_identity, synchronize, time_ms, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -20,8 +20,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..loss import contrastive_loss
-from ..sigmoid_loss import siglip_loss
+from ..losses import contrastive_loss
+from ..losses import sigmoid_loss as siglip_loss
 from .grad_sum import Fp32GradSum
 from .inputs import TensorBatch
 from .phases import PhaseMeter
