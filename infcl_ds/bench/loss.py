@@ -38,7 +38,7 @@ def inf_cl_loss(image, text, scale):
 
 
 IMPLS: Dict[str, Callable] = {
-    "infcl_ds": lambda i, t, s: contrastive_loss(i, t, s),
+    "infcl_ds": lambda i, t, s: contrastive_loss(i, t, s, allow_tf32=True),  # fp32 rows: TF32, as benchmarked
     "full_logits": full_logits_loss,
     "inf_cl": inf_cl_loss,
 }

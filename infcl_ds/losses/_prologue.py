@@ -5,16 +5,17 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops.options import KernelOptions
+from ..ops.options import KernelOptions, tf32_by_default
 from ..parallel import LocalRing, Ring, check_across_ranks, group_size
 from ..validation import check_features, check_logit_bias
 
 
-def kernel_options(backend: str, allow_tf32: bool, g_tile: Optional[Tuple[int, int]]) -> KernelOptions:
-    """g_tile: (columns, rows) of the backward's G tiles, for tests only (None: derived from
-    memory)."""
+def kernel_options(backend: str, allow_tf32: Optional[bool], g_tile: Optional[Tuple[int, int]]) -> KernelOptions:
+    """allow_tf32=None follows PyTorch's setting (``tf32_by_default``). g_tile: (columns,
+    rows) of the backward's G tiles, for tests only (None: derived from memory)."""
     panel, panel_rows = g_tile or (None, None)
-    return KernelOptions(backend=backend, allow_tf32=allow_tf32, panel=panel, panel_rows=panel_rows)
+    return KernelOptions(backend=backend, allow_tf32=tf32_by_default() if allow_tf32 is None else allow_tf32,
+                         panel=panel, panel_rows=panel_rows)
 
 
 def apply_loss(function, name: str, image, text, logit_scale, logit_bias, group, options: KernelOptions,

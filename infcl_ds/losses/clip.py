@@ -16,7 +16,7 @@ from ._prologue import apply_loss, check_loss_options, kernel_options
 
 
 def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
-                     group=None, *, check_finite: bool = True, allow_tf32: bool = True,
+                     group=None, *, check_finite: bool = True, allow_tf32: Optional[bool] = None,
                      backend: str = "auto", _g_tile: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Mean bidirectional CLIP loss; never materialises the B x B logits.
 
@@ -32,8 +32,10 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
             returns it, each rank gets the gradients of its own features, and the
             logit-scale gradient is the full one on every rank.
         check_finite: reject NaN/Inf inputs with a ValueError (one host sync); False skips it.
-        allow_tf32: fp32 inputs use TF32 tensor cores (~1e-3 relative error); False for
-            exact fp32 (IEEE) products. No effect on bf16/fp16.
+        allow_tf32: whether fp32 inputs use TF32 tensor cores (~1e-3 relative error) or IEEE
+            fp32 products. None (default) follows PyTorch's own setting: TF32 only after
+            torch.set_float32_matmul_precision("high") or
+            torch.backends.cuda.matmul.allow_tf32 = True. No effect on bf16/fp16.
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, chunked PyTorch on
             CPU), "triton" or "torch".
     """

@@ -17,7 +17,7 @@ from ._prologue import apply_loss, check_loss_options, kernel_options
 
 
 def sigmoid_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale, logit_bias,
-                 group=None, *, check_finite: bool = True, allow_tf32: bool = True,
+                 group=None, *, check_finite: bool = True, allow_tf32: Optional[bool] = None,
                  backend: str = "auto", _g_tile: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Sigmoid loss of the global batch; never materialises the B x B logits.
 

@@ -2,6 +2,8 @@
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 
 @dataclass(frozen=True)
 class KernelOptions:
@@ -10,7 +12,13 @@ class KernelOptions:
     bf16/fp16). panel, panel_rows: columns and rows of the backward's G tiles, None =
     derived from memory; only tests set them, to put tile edges at awkward places."""
     backend: str = "auto"
-    allow_tf32: bool = True
+    allow_tf32: bool = False
     panel: Optional[int] = None
     panel_rows: Optional[int] = None
 
+
+def tf32_by_default() -> bool:
+    """PyTorch's own convention for fp32 products: IEEE unless the program asked for TF32 with
+    torch.set_float32_matmul_precision("high"/"medium") or
+    torch.backends.cuda.matmul.allow_tf32 = True (which sets the same precision)."""
+    return torch.get_float32_matmul_precision() != "highest"
