@@ -28,7 +28,6 @@ from ..ops.block import block_backward, block_lse
 from ..ops.clip import positive_logits_sum
 from ..ops.options import KernelOptions
 from .guards import refuse_double_backward
-from .ring import Ring
 
 TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
 
