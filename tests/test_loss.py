@@ -139,3 +139,16 @@ def test_rows_of_very_different_scale(backend):
     image = random_features(130, 80, torch.float32, 14) * norms[:, None]
     text = random_features(130, 80, torch.float32, 15) * norms.flip(0)[:, None]
     check(image, text, torch.tensor(100.0), tol=(1e-5, 1e-4, 1e-4), backend=backend)
+
+
+def test_tf32_follows_pytorchs_float32_matmul_precision_unless_given():
+    from infcl_ds.losses._prologue import kernel_options
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # PyTorch's default: IEEE fp32 products
+        assert not kernel_options("auto", None, None).allow_tf32
+        torch.set_float32_matmul_precision("high")
+        assert kernel_options("auto", None, None).allow_tf32
+        assert not kernel_options("auto", False, None).allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(old)
