@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .loss import contrastive_loss
+from .losses import contrastive_loss
 
 
 def main(argv=None):

@@ -2,8 +2,9 @@
 or, with INFCL_DS_TEST_DEVICE=cuda (`bash tests/run.sh --gpu`), CUDA: the kernels compiled,
 bf16 on the tensor cores, NCCL ranks one GPU each.
 
-On CUDA the references stay exact: fp32 inputs use IEEE fp32 products (EXACT, allow_tf32=False;
-the TF32 default is ~1e-3, beyond the fp32 tolerances) and cuDNN's TF32 convolutions are off."""
+On CUDA the references stay exact: fp32 inputs use IEEE fp32 products (EXACT, allow_tf32=False,
+whatever the process's float32 matmul precision: TF32 is ~1e-3, beyond the fp32 tolerances) and
+cuDNN's TF32 convolutions are off."""
 import functools
 import os
 
@@ -16,7 +17,7 @@ EXACT = {"allow_tf32": False} if GPU else {}
 
 
 def exact_loss():
-    """The engine's loss with IEEE fp32 products (the default uses TF32 on CUDA)."""
+    """The engine's loss with IEEE fp32 products, whatever the float32 matmul precision."""
     from infcl_ds import contrastive_loss
     return functools.partial(contrastive_loss, **EXACT)
 

@@ -100,14 +100,14 @@ def test_keeps_open_clips_attributes_and_get_logits():
 
 
 def _flag_warnings(rank, world):
-    import infcl_ds.clip_loss as clip_loss
+    import infcl_ds.losses.openclip_dropins as dropins
     from infcl_ds import ClipLoss
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world)
         ClipLoss(rank=rank, world_size=world)   # open_clip's defaults: warned once, on rank 0
         ClipLoss(local_loss=True, rank=rank, world_size=world)
-        clip_loss._warned_flags = False
+        dropins._warned_flags = False
         ClipLoss(rank=rank, world_size=1)  # one rank: the flags make no difference
     return [str(w.message) for w in caught]
 
@@ -115,8 +115,8 @@ def _flag_warnings(rank, world):
 def test_warns_once_on_rank_0_when_flags_differ():
     out = _flag_warnings(0, 2)
     assert len(out) == 1 and "gather_with_grad=True" in out[0] and "'gather_with_grad': False" in out[0], out
-    import infcl_ds.clip_loss as clip_loss
-    clip_loss._warned_flags = False
+    import infcl_ds.losses.openclip_dropins as dropins
+    dropins._warned_flags = False
     assert _flag_warnings(1, 2) == []
 
 

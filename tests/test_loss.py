@@ -58,9 +58,9 @@ def test_matches_float64_reference(B, D, s, dtype, backend):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_several_backward_panels(backend):
-    # panel=64 with B=257: five panels, the last one partial, the diagonal crossing them all.
+    # 64-column G tiles with B=257: five panels, the last one partial, the diagonal crossing them all.
     image, text = random_features(257, 96, torch.float32, 1), random_features(257, 96, torch.float32, 2)
-    check(image, text, torch.tensor(30.0), backend=backend, panel=64)
+    check(image, text, torch.tensor(30.0), backend=backend, _g_tile=(64, None))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -70,7 +70,7 @@ def test_backward_in_row_slices(backend, dtype):
     # entering tiles at offsets that are not multiples of either; the text gradient of the
     # slices summed in fp32 before its one rounding to bf16.
     image, text = random_features(257, 96, dtype, 5), random_features(257, 96, dtype, 6)
-    check(image, text, torch.tensor(30.0), backend=backend, panel=64, panel_rows=48)
+    check(image, text, torch.tensor(30.0), backend=backend, _g_tile=(64, 48))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -139,3 +139,16 @@ def test_rows_of_very_different_scale(backend):
     image = random_features(130, 80, torch.float32, 14) * norms[:, None]
     text = random_features(130, 80, torch.float32, 15) * norms.flip(0)[:, None]
     check(image, text, torch.tensor(100.0), tol=(1e-5, 1e-4, 1e-4), backend=backend)
+
+
+def test_tf32_follows_pytorchs_float32_matmul_precision_unless_given():
+    from infcl_ds.losses._prologue import kernel_options
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # PyTorch's default: IEEE fp32 products
+        assert not kernel_options("auto", None, None).allow_tf32
+        torch.set_float32_matmul_precision("high")
+        assert kernel_options("auto", None, None).allow_tf32
+        assert not kernel_options("auto", False, None).allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(old)

@@ -65,8 +65,8 @@ def cases_for(world):
         (even, 80, torch.float32, 1 / 0.07, "triton", 1, None),
         # Small G tiles: several column panels and row slices per block, the diagonal
         # crossing them at every offset (the default tiles are whole blocks at these sizes).
-        (uneven, 96, torch.bfloat16, 100.0, "triton", 2, {"panel": 64, "panel_rows": 32}),
-        (uneven, 80, torch.float32, 100.0, "torch", 3, {"panel": 32, "panel_rows": 24}),
+        (uneven, 96, torch.bfloat16, 100.0, "triton", 2, {"_g_tile": (64, 32)}),
+        (uneven, 80, torch.float32, 100.0, "torch", 3, {"_g_tile": (32, 24)}),
         (even, 96, torch.bfloat16, 1 / 0.07, "torch", 4, None),
     ]
 
@@ -122,10 +122,10 @@ def _peer_fails(rank, world, how, phase):
     from infcl_ds import contrastive_loss
     from infcl_ds.parallel.ring import RingError
 
-    import infcl_ds.parallel.ring_loss as ring_loss
+    import infcl_ds.parallel.clip_function as clip_function
     name = "block_lse" if phase == "forward" else "block_backward"
     calls = {"n": 0}
-    original = getattr(ring_loss, name)
+    original = getattr(clip_function, name)
 
     def failing(*args, **kw):
         calls["n"] += 1
@@ -137,7 +137,7 @@ def _peer_fails(rank, world, how, phase):
             raise RuntimeError("injected failure on rank 1")
         return original(*args, **kw)
 
-    setattr(ring_loss, name, failing)
+    setattr(clip_function, name, failing)
     image, text = torch.randn(16, 8, requires_grad=True), torch.randn(16, 8, requires_grad=True)
     t0 = time.monotonic()
     try:

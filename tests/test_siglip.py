@@ -1,4 +1,4 @@
-"""siglip_loss and the SigLipLoss drop-in against a float64 reference over the B x B logits:
+"""sigmoid_loss and the SigLipLoss drop-in against a float64 reference over the B x B logits:
 the loss, both feature gradients, and the scale and bias gradients, through the Triton
 kernel (interpreter) and the CPU PyTorch path; the ring on gloo ranks (W = 1-4) against one
 process; the drop-in against open_clip's SigLipLoss after DDP-style averaging.
@@ -20,10 +20,10 @@ SHAPES = [(1, 8), (2, 80), (37, 96), (130, 640), (257, 80)]  # B=1; B, D off the
 
 
 def check(image, text, s, b, tol=None, **kw):
-    from infcl_ds import siglip_loss
+    from infcl_ds import sigmoid_loss
     image, text = image.clone().requires_grad_(), text.clone().requires_grad_()
     scale, bias = torch.tensor(s, requires_grad=True), torch.tensor(b, requires_grad=True)
-    loss = siglip_loss(image, text, scale, bias, **kw)
+    loss = sigmoid_loss(image, text, scale, bias, **kw)
     loss.backward()
     ref_loss, ref_i, ref_t, ref_s, ref_b = siglip_loss_reference(image, text, scale, bias)
     tol_loss, tol_feat, tol_scale, tol_bias = tol or TOL[image.dtype]
@@ -51,7 +51,7 @@ def test_g_tiles_in_panels_and_row_slices(backend, dtype):
     # 64-column panels and 48-row slices over B=257: the diagonal crosses tiles at offsets
     # that are multiples of neither; the bf16 text gradient summed in fp32 across slices.
     image, text = random_features(257, 96, dtype, 5), random_features(257, 96, dtype, 6)
-    check(image, text, 10.0, -10.0, backend=backend, panel=64, panel_rows=48)
+    check(image, text, 10.0, -10.0, backend=backend, _g_tile=(64, 48))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -68,16 +68,16 @@ def test_trained_regime_and_extreme_logits(backend):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_without_grad_and_with_an_upstream_gradient(backend):
-    from infcl_ds import siglip_loss
+    from infcl_ds import sigmoid_loss
     image, text = random_features(70, 80, torch.float32, 9), random_features(70, 80, torch.float32, 10)
     ref_loss, ref_i, _, ref_s, ref_b = siglip_loss_reference(image, text, torch.tensor(10.0), torch.tensor(-5.0))
     with torch.no_grad():
-        assert abs(siglip_loss(image, text, 10.0, -5.0, backend=backend).item() - ref_loss.item()) <= 1e-6 * ref_loss.item()
+        assert abs(sigmoid_loss(image, text, 10.0, -5.0, backend=backend).item() - ref_loss.item()) <= 1e-6 * ref_loss.item()
     # Only the image needs a gradient, and the loss is scaled downstream.
     image.requires_grad_()
     scale = torch.tensor([10.0])  # a 1-element scale keeps its shape
     bias = torch.tensor(-5.0, requires_grad=True)
-    (3 * siglip_loss(image, text, scale, bias, backend=backend)).backward()
+    (3 * sigmoid_loss(image, text, scale, bias, backend=backend)).backward()
     assert rel_err(image.grad, 3 * ref_i) <= 1e-5 and rel_err(bias.grad, 3 * ref_b) <= 1e-5
     assert scale.grad is None
 
@@ -91,24 +91,24 @@ def test_without_grad_and_with_an_upstream_gradient(backend):
     (lambda i, t: (i, t, torch.tensor(float("inf")), 0.0), "logit_scale contains NaN or Inf"),
 ])
 def test_bad_input_names_the_problem(make, expected):
-    from infcl_ds import siglip_loss
+    from infcl_ds import sigmoid_loss
     with pytest.raises(ValueError, match=expected):
-        siglip_loss(*make(torch.randn(6, 8), torch.randn(6, 8)))
+        sigmoid_loss(*make(torch.randn(6, 8), torch.randn(6, 8)))
 
 
 # ---- a second backward and higher-order gradients, as for the CLIP loss ------------------
 
-def _grads_twice(siglip_loss, group=None, seed=11, **kw):
+def _grads_twice(sigmoid_loss, group=None, seed=11, **kw):
     """(first gradients, second with retain_graph, create_graph's error) of one loss; the
     features are seed's and seed+1's 37 x 80 rows, the whole batch or this rank's slice."""
     image, text = (random_features(37, 80, torch.float32, seed + k).requires_grad_() for k in (0, 1))
     scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-5.0, requires_grad=True)
     inputs = (image, text, scale, bias)
-    loss = siglip_loss(image, text, scale, bias, group, **kw)
+    loss = sigmoid_loss(image, text, scale, bias, group, **kw)
     first = [g.clone() for g in torch.autograd.grad(loss, inputs, retain_graph=True)]
     second = torch.autograd.grad(loss, inputs, retain_graph=True)
     try:
-        torch.autograd.grad(siglip_loss(image, text, scale, bias, group, **kw), inputs, create_graph=True)
+        torch.autograd.grad(sigmoid_loss(image, text, scale, bias, group, **kw), inputs, create_graph=True)
         refused = None
     except RuntimeError as err:
         refused = str(err)
@@ -121,15 +121,15 @@ REFUSED = ("infcl_ds: double backward (create_graph=True, higher-order gradients
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_a_second_backward_gives_the_same_gradients_and_double_backward_is_refused(backend):
-    from infcl_ds import siglip_loss
-    first, second, refused = _grads_twice(siglip_loss, backend=backend)
+    from infcl_ds import sigmoid_loss
+    first, second, refused = _grads_twice(sigmoid_loss, backend=backend)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     # The gradient of a gradient is refused, never silently a constant.
     assert refused == REFUSED
     # .backward() twice accumulates twice; without retain_graph the graph is freed (torch's error).
     image, text = random_features(9, 16, torch.float32, 1).requires_grad_(), random_features(9, 16, torch.float32, 2)
-    loss = siglip_loss(image, text, 10.0, -5.0, backend=backend)
+    loss = sigmoid_loss(image, text, 10.0, -5.0, backend=backend)
     loss.backward(retain_graph=True)
     once = image.grad.clone()
     loss.backward()
@@ -139,8 +139,8 @@ def test_a_second_backward_gives_the_same_gradients_and_double_backward_is_refus
 
 
 def _ring_twice(rank, world):
-    from infcl_ds import siglip_loss
-    return _grads_twice(lambda i, t, s, b, group: siglip_loss(i, t, s, b, group, backend="torch"),
+    from infcl_ds import sigmoid_loss
+    return _grads_twice(lambda i, t, s, b, group: sigmoid_loss(i, t, s, b, group, backend="torch"),
                         seed=11 + 2 * rank)
 
 
@@ -161,7 +161,7 @@ RING_TOL = {torch.float32: (1e-6, 1e-5, 1e-4, 1e-5), torch.bfloat16: (1e-5, 1e-2
 def _ring_cases(rank, world, cases, group_ranks=None):
     import torch.distributed as torch_dist
 
-    from infcl_ds import siglip_loss
+    from infcl_ds import sigmoid_loss
     group = torch_dist.new_group(group_ranks) if group_ranks else None
     if group_ranks and rank not in group_ranks:
         return []
@@ -173,7 +173,7 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         image = random_features(total, D, dtype, seed)[lo:lo + sizes[pos]].clone().requires_grad_()
         text = random_features(total, D, dtype, seed + 1)[lo:lo + sizes[pos]].clone().requires_grad_()
         scale, bias = torch.tensor(s, requires_grad=True), torch.tensor(b, requires_grad=True)
-        loss = siglip_loss(image, text, scale, bias, group=group, backend=backend, **(tiles or {}))
+        loss = sigmoid_loss(image, text, scale, bias, group=group, backend=backend, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad, bias.grad))
     return out
@@ -201,8 +201,8 @@ def ring_cases(world):
     even, uneven = [37] * world, [13 + 29 * r for r in range(world)]
     return [
         (even, 80, torch.float32, 10.0, -10.0, "triton", 1, None),
-        (uneven, 96, torch.bfloat16, 1 / 0.07, -3.0, "triton", 2, {"panel": 64, "panel_rows": 32}),
-        (uneven, 80, torch.float32, 10.0, -10.0, "torch", 3, {"panel": 32, "panel_rows": 24}),
+        (uneven, 96, torch.bfloat16, 1 / 0.07, -3.0, "triton", 2, {"_g_tile": (64, 32)}),
+        (uneven, 80, torch.float32, 10.0, -10.0, "torch", 3, {"_g_tile": (32, 24)}),
         (even, 96, torch.bfloat16, 10.0, -10.0, "torch", 4, None),
     ]
 
@@ -221,7 +221,7 @@ def test_ring_on_a_subgroup_follows_group_order():
 
 
 def _mismatch(rank, world, kind):
-    from infcl_ds import siglip_loss
+    from infcl_ds import sigmoid_loss
     image, text = torch.randn(8, 16), torch.randn(8, 16)
     bias = -10.0
     if kind == "bias" and rank == 1:
@@ -229,13 +229,13 @@ def _mismatch(rank, world, kind):
     if kind == "nan" and rank == 2:
         bias = float("nan")
     try:
-        siglip_loss(image, text, 10.0, bias)
+        sigmoid_loss(image, text, 10.0, bias)
     except ValueError as err:
         return str(err)
     return "no error"
 
 
-@pytest.mark.parametrize("kind,expected", [("bias", "siglip_loss: logit_bias differs across ranks"),
+@pytest.mark.parametrize("kind,expected", [("bias", "sigmoid_loss: logit_bias differs across ranks"),
                                            ("nan", "rank 2: logit_bias contains NaN")])
 def test_bad_input_on_one_rank_raises_on_every_rank(kind, expected):
     results = run_ranks(_mismatch, 3, kind)
@@ -303,9 +303,9 @@ def test_unknown_arguments_are_refused_at_construction():
     from infcl_ds import SigLipLoss, SigmoidLoss
     # The drop-in answers as open_clip's own constructor would: a TypeError.
     with pytest.raises(TypeError, match=r"^infcl_ds.SigLipLoss: unknown argument\(s\) foo; loss options are "
-                                        r"check_finite, allow_tf32, backend, panel, panel_rows$"):
+                                        r"check_finite, allow_tf32, backend$"):
         SigLipLoss(foo=1)
-    # The module around siglip_loss, as ContrastiveLoss around contrastive_loss: a ValueError.
+    # The module around sigmoid_loss, as ContrastiveLoss around contrastive_loss: a ValueError.
     with pytest.raises(ValueError, match=r"^infcl_ds.SigmoidLoss: unknown argument\(s\) chek_finite; "):
         SigmoidLoss(chek_finite=False)
     SigLipLoss(check_finite=False, backend="torch")  # the real options pass

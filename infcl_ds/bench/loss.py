@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from ..loss import contrastive_loss
+from ..losses import contrastive_loss
 from .common import extrapolated, fmt_row, is_oom, measure, run_identity, synchronize, time_ms, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -38,7 +38,7 @@ def inf_cl_loss(image, text, scale):
 
 
 IMPLS: Dict[str, Callable] = {
-    "infcl_ds": lambda i, t, s: contrastive_loss(i, t, s),
+    "infcl_ds": lambda i, t, s: contrastive_loss(i, t, s, allow_tf32=True),  # fp32 rows: TF32, as benchmarked
     "full_logits": full_logits_loss,
     "inf_cl": inf_cl_loss,
 }

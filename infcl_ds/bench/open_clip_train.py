@@ -126,7 +126,7 @@ class _RecordingLoss:
 
 def _infcl_loss(args):
     """infcl_ds.ClipLoss with the flags open_clip's create_loss would pass to its ClipLoss."""
-    from ..clip_loss import ClipLoss
+    from ..losses import ClipLoss
     return ClipLoss(local_loss=args.local_loss, gather_with_grad=args.gather_with_grad, cache_labels=True,
                     rank=args.rank, world_size=args.world_size, use_horovod=args.horovod)
 

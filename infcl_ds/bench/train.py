@@ -71,7 +71,7 @@ def _engine(args, impl, rank, world, device):
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(clip_param_groups(model), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, **fused)
     return ContrastiveEngine.create(model, build_deepspeed_config(recipe, world), args.chunk, optimizer=optimizer,
-                                    loss_fn=_loss_fn(impl, rank, world), profile=True,
+                                    loss_fn=_loss_fn(impl, rank, world), time_phases=True,
                                     offload_features=args.offload_features,
                                     compile_backend="inductor" if args.compile else None)
 

@@ -7,27 +7,23 @@
    cached feature gradients through the DeepSpeed engine. DeepSpeed averages gradients over
    the W data-parallel ranks, so feature gradients enter multiplied by W and the logit
    scale's (already the full gradient on every rank) does not (docs/semantics.md).
-   With the sigmoid loss (``loss="siglip"``) the model's ``logit_bias`` is handled like the
-   scale: its full gradient on every rank, entering once.
+   With a loss that uses a bias (the sigmoid one, ``loss="siglip"``) the model's
+   ``logit_bias`` is handled like the scale: its full gradient on every rank, entering once.
    Gradients are reduced once per step: ZeRO >= 1 inside `coalesce_grad_reduction()`,
    ZeRO 0 inside `no_sync()` for all chunks but the last.
 4. One optimizer step.
 """
 import math
 from contextlib import contextmanager, nullcontext
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from ..loss import contrastive_loss
-from ..sigmoid_loss import siglip_loss
 from .grad_sum import Fp32GradSum
 from .inputs import TensorBatch
+from .loss_adapter import LossAdapter, loss_adapter
 from .phases import PhaseMeter
-
-
-LOSSES = ("clip", "siglip")
 
 
 def _rng_state(device):
@@ -43,27 +39,26 @@ def _set_rng_state(state, device):
 class ContrastiveEngine:
     """Wraps a DeepSpeed engine around an open_clip-style model: ``forward(image, text)``
     giving normalised features and exp(logit_scale) as open_clip's CLIP does, or just
-    ``encode_image``, ``encode_text`` and a ``logit_scale`` parameter (see ``_encode``)."""
+    ``encode_image``, ``encode_text`` and a ``logit_scale`` parameter (see ``_encode``).
+
+    loss: a name in engine/loss_adapter.py's ADAPTERS ("clip", "siglip") or a LossAdapter;
+    loss_fn: another function in place of that loss's, same signature (benchmarks swap in
+    inf-cl's or OpenCLIP's). time_phases: time and peak memory per phase in ``phases.last``
+    (a device synchronisation at every phase boundary)."""
 
     def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
                  verify_replay: bool = False, offload_features: bool = False, grad_accum_fp32: bool = True,
-                 loss_fn=None, profile: bool = False, loss: str = "clip"):
+                 loss_fn=None, time_phases: bool = False, loss: Union[str, LossAdapter] = "clip"):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-        # "clip": loss_fn(image, text, scale, group); "siglip": loss_fn(image, text, scale, bias, group).
-        self.loss = loss
+        self.loss = loss_adapter(loss, loss_fn)
         self.engine = ds_engine
         self.chunk_size = chunk_size
         # Cached features and their gradients wait in pinned host memory during the encoder
         # passes (the paper's setting for its largest batches); on the GPU only for the loss.
         self.offload_features = offload_features
         self.grad_accum_fp32 = grad_accum_fp32
-        # The global loss: the ring by default; benchmarks swap in inf-cl's or OpenCLIP's.
-        self.loss_fn = loss_fn or (siglip_loss if loss == "siglip" else contrastive_loss)
-        # Per-phase time and peak memory of the last step (off: no synchronisation).
-        self.phases = PhaseMeter(enabled=profile)
+        self.phases = PhaseMeter(enabled=time_phases)
         # Debug aid: check that each re-encoded chunk reproduces its cached features (dropout,
         # random augmentation replayed); a mismatch means the cached gradients are stale.
         self.verify_replay = verify_replay
@@ -75,7 +70,7 @@ class ContrastiveEngine:
 
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
-               offload_features=False, grad_accum_fp32=True, loss_fn=None, profile=False, loss="clip",
+               offload_features=False, grad_accum_fp32=True, loss_fn=None, time_phases=False, loss="clip",
                compile_backend=None, **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, give its towers the fast forwards
         (engine/towers.py), build the engine, wrap it. With `compile_backend` (e.g. "inductor"),
@@ -84,12 +79,9 @@ class ContrastiveEngine:
 
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
         from .towers import fast_tower_modules
-        has_bias = getattr(model, "logit_bias", None) is not None
-        if has_bias != (loss == "siglip"):
-            raise ValueError("the sigmoid loss needs a model with a logit_bias (create_model(name, loss='siglip'))"
-                             if loss == "siglip" else
-                             "this model has a logit_bias (a SigLIP model): train it with loss='siglip' "
-                             "(recipe key model.loss)")
+        adapter = loss_adapter(loss, loss_fn)
+        if (getattr(model, "logit_bias", None) is not None) != adapter.uses_bias:
+            raise ValueError(adapter.wrong_model)
         promote_scalar_parameters(model)
         fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
         zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
@@ -105,7 +97,7 @@ class ContrastiveEngine:
             align_for_flat_buffers(optimizer, zero3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
         wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
-                      grad_accum_fp32=grad_accum_fp32, loss_fn=loss_fn, profile=profile, loss=loss)
+                      grad_accum_fp32=grad_accum_fp32, time_phases=time_phases, loss=adapter)
         dp = getattr(engine, "dp_world_size", wrapped.world_size)
         if dp != wrapped.world_size:
             # The feature gradients are scaled by the loss group's size to undo DeepSpeed's
@@ -166,8 +158,8 @@ class ContrastiveEngine:
 
     @contextmanager
     def _bias_in_graph(self, bias):
-        """logit_bias in the graph, like ``_scale_in_graph`` (None without the sigmoid loss)."""
-        if bias is not None or self.loss != "siglip":
+        """logit_bias in the graph, like ``_scale_in_graph`` (None for a loss without a bias)."""
+        if bias is not None or not self.loss.uses_bias:
             yield bias
             return
         with self._full(self.model.logit_bias):
@@ -226,14 +218,9 @@ class ContrastiveEngine:
         with self.phases("encode"):
             fi, ft, scale, bias = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
         with self.phases("loss"):
-            loss, (gi, gt), (scale_grad, bias_grad) = self._loss_and_feature_grads((fi.detach(), ft.detach()), device)
+            loss, (gi, gt), scalar_grads = self._loss_and_feature_grads((fi.detach(), ft.detach()), device)
         with self.phases("reencode"):  # the backward only: the forward above kept its graph
-            surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
-            with self._scale_in_graph(scale) as s, self._bias_in_graph(bias) as b:
-                surrogate = surrogate + (s.float() * scale_grad).sum()
-                if bias_grad is not None:
-                    surrogate = surrogate + (b.float() * bias_grad).sum()
-                self.engine.backward(surrogate, scale_wrt_gas=False)
+            self._backward_cached_grads(fi, ft, gi, gt, scale, bias, scalar_grads)
         return loss
 
     def _encode_without_grad(self, batch, chunks, device):
@@ -256,13 +243,11 @@ class ContrastiveEngine:
         img, txt = (f.to(device, non_blocking=True).requires_grad_() for f in feats)
         with self._full(self.model.logit_scale):  # ZeRO-3 holds only a shard outside forward
             scale = self.model.logit_scale.detach().float().exp().clone().requires_grad_()
-        if self.loss == "siglip":
+        bias = None
+        if self.loss.uses_bias:
             with self._full(self.model.logit_bias):
                 bias = self.model.logit_bias.detach().float().clone().requires_grad_()
-            loss = self.loss_fn(img, txt, scale, bias, self.group)
-        else:
-            bias = None
-            loss = self.loss_fn(img, txt, scale, self.group)
+        loss = self.loss(img, txt, scale, bias, self.group)
         loss.backward()
         grads = []
         for f in (img, txt):
@@ -289,18 +274,26 @@ class ContrastiveEngine:
                     if cached is not None:
                         self._check_replay(k, fi, cached[0][lo:hi].to(device), ft, cached[1][lo:hi].to(device))
                     gi, gt = (g[lo:hi].to(device, non_blocking=True) for g in feat_grads)
-                    surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
-                    if k == 0:  # d loss / d logit_scale = d loss / d s * s, counted once
-                        scale_grad, bias_grad = scalar_grads
-                        with self._scale_in_graph(scale) as s, self._bias_in_graph(bias) as b:
-                            surrogate = surrogate + (s.float() * scale_grad).sum()
-                            if bias_grad is not None:
-                                surrogate = surrogate + (b.float() * bias_grad).sum()
-                            self.engine.backward(surrogate, scale_wrt_gas=False)
-                    else:
-                        self.engine.backward(surrogate, scale_wrt_gas=False)
+                    # The scale's (and bias's) gradient enters with the first chunk only.
+                    self._backward_cached_grads(fi, ft, gi, gt, scale, bias, scalar_grads if k == 0 else None)
                 if grad_sum is not None and not last:
                     grad_sum.fold()
+
+    def _backward_cached_grads(self, fi, ft, gi, gt, scale, bias, scalar_grads) -> None:
+        """Backpropagate the cached gradients gi, gt of the loss through the features fi, ft, and,
+        with ``scalar_grads`` = (d loss / d s, d loss / d bias or None), through exp(logit_scale)
+        and logit_bias (d loss / d logit_scale = d loss / d s * s): one surrogate whose gradient
+        is the loss's."""
+        surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
+        if scalar_grads is None:
+            self.engine.backward(surrogate, scale_wrt_gas=False)
+            return
+        scale_grad, bias_grad = scalar_grads
+        with self._scale_in_graph(scale) as s, self._bias_in_graph(bias) as b:
+            surrogate = surrogate + (s.float() * scale_grad).sum()
+            if bias_grad is not None:
+                surrogate = surrogate + (b.float() * bias_grad).sum()
+            self.engine.backward(surrogate, scale_wrt_gas=False)
 
     def _grad_sum(self):
         """fp32 sums of the chunk gradients for a bf16 model (ZeRO 0-2; see grad_sum.py)."""

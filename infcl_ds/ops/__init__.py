@@ -1,6 +1,6 @@
-"""Kernels and the single-device SigLIP Function (the lowest layer: imports nothing above)."""
+"""Kernels and their launchers (the lowest layer: imports nothing above; no autograd Function)."""
 from .block import block_backward, block_lse
-from .clip import KernelOptions
-from .siglip import SigLipOptions, TiledSigLipLoss
+from .options import KernelOptions
+from .siglip import siglip_block
 
-__all__ = ["KernelOptions", "SigLipOptions", "TiledSigLipLoss", "block_backward", "block_lse"]
+__all__ = ["KernelOptions", "block_backward", "block_lse", "siglip_block"]

@@ -11,9 +11,9 @@ normalisation across a row or column, so a tile needs nothing but itself: its de
 
 is known as soon as the tile's similarities are, and the loss, dA = (s/B) G @ B,
 dB = (s/B) G^T @ A, ds = (1/B) sum G * (A@B^T) and db = (1/B) sum G all come from one pass.
-The autograd Function therefore computes the gradients in its forward (when any input
-needs one) and the backward only multiplies them by the incoming gradient, as Liger-Kernel
-does for its fused cross-entropy.
+The autograd Function (parallel/siglip_function.py) therefore computes the gradients in its
+forward (when any input needs one) and the backward only multiplies them by the incoming
+gradient, as Liger-Kernel does for its fused cross-entropy.
 
 Why a G tile and two cuBLAS GEMMs (ops/block.py's walk_g_tiles), not a FlashAttention-2
 style backward (a program per column block accumulating dB_j in registers, atomics for dA):
@@ -32,7 +32,6 @@ sigmoid(-u) = (e if u >= 0 else 1) / (1 + e): stable for any |S|. log1p(e) takes
 series for e < 1/16, where log2(1 + e) would lose the digits of e to the rounding of 1 + e
 (every negative pair of a trained model has e ~ 1e-5).
 """
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -40,18 +39,9 @@ import triton
 import triton.language as tl
 
 from . import block
-from .clip import refuse_double_backward
+from .options import KernelOptions
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
-
-
-@dataclass(frozen=True)
-class SigLipOptions:
-    """How the loss is computed (not what): see infcl_ds.siglip_loss."""
-    backend: str = "auto"
-    allow_tf32: bool = True
-    panel: Optional[int] = None  # columns per G tile; None = memory-derived
-    panel_rows: Optional[int] = None  # rows per G tile; None = memory-derived
 
 
 @triton.jit
@@ -157,7 +147,7 @@ def torch_tile(a, b, scale, bias, out, diag_offset, write_g=True):
 
 
 def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional[torch.Tensor],
-                 grad_b: Optional[torch.Tensor], accumulate_b: bool, options: SigLipOptions) -> torch.Tensor:
+                 grad_b: Optional[torch.Tensor], accumulate_b: bool, options: KernelOptions) -> torch.Tensor:
     """One block ``a`` (rows) against ``b`` (columns) of the sigmoid loss.
 
     Returns the fp64 [3] sums over the block: loss terms, G * (a @ b.T), G. With grad_a
@@ -179,59 +169,3 @@ def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional
                               accumulate_b=accumulate_b, backend=backend, allow_tf32=options.allow_tf32,
                               panel=options.panel, rows=options.panel_rows)
 
-
-def keep_grads(ctx, grads) -> None:
-    """Keeps a forward's gradients for its backward as saved tensors, not a ctx attribute:
-    autograd frees them after the backward, or keeps them under retain_graph=True, and a
-    second backward then returns the same gradients again (as the CLIP loss's recomputation
-    does)."""
-    ctx.save_for_backward(*grads)
-
-
-def kept_grads(ctx, grad_loss):
-    """The backward of a sigmoid loss Function: keep_grads' gradients times the incoming one.
-    Under create_graph=True a RuntimeError: those gradients are constants to autograd."""
-    refuse_double_backward("sigmoid (SigLIP) loss")
-    return scaled_grads(ctx.saved_tensors, grad_loss)
-
-
-def scaled_grads(grads, grad_loss):
-    """The saved gradients times the incoming one (no copy when it is exactly 1)."""
-    if grad_loss.numel() == 1 and float(grad_loss) == 1.0:
-        return grads
-    return tuple(None if g is None else g * grad_loss.to(g.dtype) for g in grads)
-
-
-class TiledSigLipLoss(torch.autograd.Function):
-    """Sigmoid loss of one device's whole batch, O(B*D) memory: gradients in the forward."""
-
-    @staticmethod
-    def forward(ctx, image, text, scale, bias, options: SigLipOptions):
-        n = image.shape[0]
-        s = scale.detach().reshape(1).float()
-        b = bias.detach().reshape(1).float()
-        need_grads = any(ctx.needs_input_grad[:4])
-        grad_image = grad_text = None
-        coef = 0.0
-        if need_grads:
-            coef = float(s[0]) / n  # one host sync: the GEMMs take s/B as a plain float
-            grad_image = torch.zeros(image.shape, device=image.device, dtype=torch.float32)
-            grad_text = torch.empty_like(text)
-        sums = siglip_block(image, text, s, b, coef, diag=True, grad_a=grad_image, grad_b=grad_text,
-                            accumulate_b=False, options=options)
-        if need_grads:
-            keep_grads(ctx, finish_grads(grad_image, grad_text, sums, n, image, scale, bias))
-        return (sums[0] / n).float()
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        return (*kept_grads(ctx, grad_loss), None)
-
-
-def finish_grads(grad_image, grad_text, sums, n, image, scale, bias):
-    """(d image, d text, d scale, d bias) of the mean loss over n pairs, in the inputs' dtypes
-    and shapes."""
-    grad_image_out = grad_image.to(image.dtype)
-    grad_scale = (sums[1] / n).to(scale.dtype).reshape(scale.shape)
-    grad_bias = (sums[2] / n).to(bias.dtype).reshape(bias.shape)
-    return grad_image_out, grad_text, grad_scale, grad_bias

@@ -20,6 +20,16 @@ class RingError(RuntimeError):
     """A ring transfer failed: a peer is gone or stuck."""
 
 
+def group_size(group=None) -> int:
+    """Ranks in ``group`` (None: the default group); 1 without torch.distributed, where a
+    group given is a ValueError."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        if group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        return 1
+    return torch_dist.get_world_size(group)
+
+
 class LocalRing:
     """The ring of one rank: a single device, no process group (the loss Functions take it
     where they would take a Ring; they move nothing when ``size == 1``)."""

@@ -25,8 +25,9 @@ from typing import List
 import torch
 
 from ..ops.block import block_backward, block_lse
-from ..ops.clip import KernelOptions, positive_logits_sum, refuse_double_backward
-from .ring import Ring
+from ..ops.clip import positive_logits_sum
+from ..ops.options import KernelOptions
+from .guards import refuse_double_backward
 
 TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
 
@@ -44,6 +45,7 @@ class ClipLossFunction(torch.autograd.Function):
     once messages outgrow NCCL's eager buffers. Per step: batch A moves the next text block
     (overlapping the kernels); batch C, after the kernels, sends this block's partial on and
     receives the next block's partial, which lands while the next step computes."""
+    takes_bias = False
 
     @staticmethod
     def forward(ctx, image, text, scale, options: KernelOptions, ring, sizes: List[int]):
@@ -64,7 +66,7 @@ class ClipLossFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        refuse_double_backward()  # on every rank alike, before any transfer
+        refuse_double_backward("contrastive loss")
         image, text, s, row, col_home = ctx.saved_tensors
         ring, sizes, opt = ctx.ring, ctx.sizes, ctx.options
         total = sum(sizes)

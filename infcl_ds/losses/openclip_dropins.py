@@ -1,15 +1,17 @@
-"""Drop-in for OpenCLIP users: ``infcl_ds.ClipLoss`` in place of ``open_clip.loss.ClipLoss``.
+"""Drop-ins for OpenCLIP users: ``infcl_ds.ClipLoss`` and ``infcl_ds.SigLipLoss`` in place of
+``open_clip.loss.ClipLoss`` and ``open_clip.loss.SigLipLoss``.
 
-    from infcl_ds import ClipLoss        # was: from open_clip.loss import ClipLoss
-    loss_fn = ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world_size)
+    from infcl_ds import ClipLoss, SigLipLoss     # was: from open_clip.loss import ...
+    clip_fn = ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world_size)
+    siglip_fn = SigLipLoss(rank=rank, world_size=world_size)
 
-The exact global loss without B x B logits and without gathering features: every rank
-returns the global loss, which equals the mean of OpenCLIP's per-rank local losses; after
-DDP's averaging the parameter gradients are those of OpenCLIP's
-``ClipLoss(local_loss=True, gather_with_grad=True)``. For that, the feature gradients are
-multiplied by the world size on their way back (DDP divides by it; with OpenCLIP's gather
-each rank's loss reaches every rank's features), and the logit-scale gradient, already the
-full one on every rank, is left alone. See docs/semantics.md.
+Both compute the exact global loss without B x B logits and without gathering features:
+every rank returns the global loss, which equals the mean of OpenCLIP's per-rank losses.
+After DDP's averaging the parameter gradients are OpenCLIP's. For that, the feature
+gradients are multiplied by the world size on their way back (DDP divides by it; in
+OpenCLIP each rank's loss reaches every rank's features through the gather or exchange),
+and the scale (and bias) gradients, already the full ones on every rank, are left alone.
+See docs/semantics.md.
 
 In a program that set up torch.distributed itself (OpenCLIP's trainer), the ring runs on
 torch.distributed: DeepSpeed is neither imported nor initialised (parallel/comm.py).
@@ -20,11 +22,15 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from .loss import _group_size, check_loss_options, contrastive_loss
+from ..parallel import group_size
+from ._prologue import check_loss_options
+from .clip import contrastive_loss
+from .siglip import sigmoid_loss
 
-# OpenCLIP's flags whose gradients this loss reproduces (with any others it warns once).
+# OpenCLIP's ClipLoss flags whose gradients this loss reproduces (with any others it warns once).
 EQUIVALENT_FLAGS = {"local_loss": True, "gather_with_grad": True}
 _warned_flags = False
+DIST_IMPLS = ("bidir", "shift", "reduce", "gather")
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -42,6 +48,15 @@ class _ScaleGrad(torch.autograd.Function):
 
 def scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else _ScaleGrad.apply(x, factor)
+
+
+def _features_for_ddp(owner: str, world_size: int, group, image_features, text_features):
+    """The features with gradients scaled by the group's size, undoing DDP's average (the
+    group must have ``world_size`` ranks)."""
+    size = group_size(group)
+    if size != world_size:
+        raise ValueError(f"{owner}: world_size={world_size} but the process group has {size} ranks")
+    return scale_grad(image_features, size), scale_grad(text_features, size)
 
 
 def _check_scalar_bias(logit_bias) -> None:
@@ -85,7 +100,7 @@ class ClipLoss(nn.Module):
         self.gather_with_grad = gather_with_grad
         self.cache_labels = cache_labels
         self.rank = rank
-        check_loss_options(options, "infcl_ds.ClipLoss")
+        check_loss_options(options, "infcl_ds.ClipLoss", contrastive_loss)
         self.world_size = world_size
         self.use_horovod = use_horovod
         self.group = group
@@ -104,11 +119,8 @@ class ClipLoss(nn.Module):
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
         _check_scalar_bias(logit_bias)
-        size = _group_size(self.group)
-        if size != self.world_size:
-            raise ValueError(f"infcl_ds.ClipLoss: world_size={self.world_size} but the process group has {size} ranks")
-        image_features = scale_grad(image_features, size)
-        text_features = scale_grad(text_features, size)
+        image_features, text_features = _features_for_ddp("infcl_ds.ClipLoss", self.world_size, self.group,
+                                                           image_features, text_features)
         loss = contrastive_loss(image_features, text_features, logit_scale, self.group, **self.options)
         if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
             loss = loss + 0 * logit_bias.sum()  # its (zero) gradient, as open_clip gives it one
@@ -118,7 +130,7 @@ class ClipLoss(nn.Module):
         """OpenCLIP's ``get_logits`` with ``local_loss=True, gather_with_grad=True``: this rank's
         rows against the gathered columns, (logits_per_image, logits_per_text), each [b, B].
         For code that inspects logits; it materialises them, which the loss never does."""
-        if _group_size(self.group) > 1:
+        if group_size(self.group) > 1:
             from torch.distributed.nn.functional import all_gather
             group = self.group if self.group is not None else torch_dist.group.WORLD
             all_image = torch.cat(all_gather(image_features, group=group))
@@ -131,3 +143,36 @@ class ClipLoss(nn.Module):
             logits_per_image = logits_per_image + logit_bias
             logits_per_text = logits_per_text + logit_bias
         return logits_per_image, logits_per_text
+
+
+class SigLipLoss(nn.Module):
+    """OpenCLIP's SigLipLoss interface over infcl_ds's exact tiled sigmoid loss.
+
+    cache_labels, rank: accepted for compatibility (no labels are built; the rank comes from
+    the process group). dist_impl: validated like OpenCLIP's; the result is the same for
+    each, as all four of OpenCLIP's compute the same sum (the ring does the exchange).
+    world_size: the data-parallel size whose averaging is compensated; it must match the
+    process group. group and keyword options (backend, allow_tf32, ...): passed to
+    infcl_ds.sigmoid_loss. With uneven local batches OpenCLIP weights each rank's pairs by
+    1/its own batch, this loss by 1/global batch (the two agree for equal local batches).
+    """
+
+    def __init__(self, cache_labels: bool = False, rank: int = 0, world_size: int = 1, dist_impl=None,
+                 group=None, **options):
+        super().__init__()
+        self.cache_labels = cache_labels
+        self.rank = rank
+        self.world_size = world_size
+        self.dist_impl = dist_impl or "bidir"
+        if self.dist_impl not in DIST_IMPLS:
+            raise ValueError(f"infcl_ds.SigLipLoss: dist_impl must be one of {DIST_IMPLS}, got {dist_impl!r}")
+        # open_clip's constructor takes no other argument: a TypeError, as its own would raise.
+        check_loss_options(options, "infcl_ds.SigLipLoss", sigmoid_loss, TypeError)
+        self.group = group
+        self.options = options
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias, output_dict=False):
+        image_features, text_features = _features_for_ddp("infcl_ds.SigLipLoss", self.world_size, self.group,
+                                                           image_features, text_features)
+        loss = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, self.group, **self.options)
+        return {"contrastive_loss": loss} if output_dict else loss
