@@ -179,7 +179,7 @@ class Trainer:
             compile_backend="inductor" if recipe.compiles(self.device.type) else None)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
         # keep_decoded_gib: auto resolved for this rank's device only (the recipe keeps "auto").
-        data_spec = resolve_decoder(resolve_auto_keep(recipe, self.world, self.device), self.device).data.model_dump()
+        data_spec = resolve_decoder(resolve_auto_keep(recipe, self.world, self.device), self.device).data
         self.data = build_train_data(data_spec, rank=self.rank, world_size=self.world,
                                      local_batch=recipe.local_batch(self.world), seed=recipe.model.seed,
                                      image_size=self.info["image_size"], tokenizer=self.tokenizer,

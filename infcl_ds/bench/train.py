@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.train import DEFAULT_DECODE_WINDOW_GIB
+from ..config.recipe import DataSection
 from .common import free_port, is_oom, join_ranks, run_identity, write_rows
 from .loss import parse_sizes
 
@@ -166,7 +166,7 @@ class _JpegBatches:
         from ..train import resolve_auto_keep, resolve_decoder
         recipe = resolve_decoder(resolve_auto_keep(_recipe(args, world, B, "jpeg", decoder), world, device), device)
         self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
-        self.data = build_train_data(recipe.data.model_dump(), rank=rank, world_size=world, local_batch=B // world,
+        self.data = build_train_data(recipe.data, rank=rank, world_size=world, local_batch=B // world,
                                      seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
                                      mean=info["mean"], std=info["std"])
         self._batches = self._forever()
@@ -422,7 +422,7 @@ def main(argv=None):
     p.add_argument("--decoder", default="pil",
                    help="--data jpeg: data.decoder, or several comma-separated (a row each): pil,nvjpeg,hybrid")
     p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
-    p.add_argument("--decode-window-gib", type=float, default=DEFAULT_DECODE_WINDOW_GIB,
+    p.add_argument("--decode-window-gib", type=float, default=DataSection.model_fields["decode_window_gib"].default,
                    help="--data jpeg: data.decode_window_gib")
     p.add_argument("--open-clip-train-workers", type=int, default=None,
                    help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
