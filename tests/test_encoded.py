@@ -469,7 +469,7 @@ def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
     from infcl_ds.plan.timing import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
-    from infcl_ds.train import resolve_decoder
+    from infcl_ds.training.resolve import resolve_decoder
     for decoder in ("nvjpeg", "hybrid"):
         recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": decoder}})
         with pytest.raises(DataError, match=f"data.decoder={decoder} decodes on the GPU"):
