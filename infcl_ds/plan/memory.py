@@ -26,6 +26,7 @@ from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
 from ..ops.block import panel_rows, panel_width
+from ..parallel.ring_bytes import ring_loss_bytes_per_sample
 from .encoders import ModelEstimate
 
 GIB = 1 << 30
@@ -109,18 +110,15 @@ def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
     """What the loss allocates per GPU beyond its inputs and outputs, in its backward (the
     larger pass), for a local batch of ``local`` on every rank.
 
-    Over several ranks (parallel/ring_loss.py): two visiting text blocks (features' dtype)
-    with their column statistics (fp32); three fp32 partial text gradients (one in flight,
-    one filling, one receiving) and the fp32 image gradient accumulator. On one GPU
-    (ops/clip.py): the fp32 image gradient. Both: the row and column statistics saved by the
-    forward, and the kernels' G tile (ops/block.py; features' dtype on the GPU), which is
-    capped at PANEL_MAX_BYTES.
+    Over several ranks: the ring's buffers (parallel/ring_bytes.py). On one GPU (ops/clip.py):
+    the fp32 image gradient and the row and column statistics saved by the forward. Both: the
+    kernels' G tile (ops/block.py; features' dtype on the GPU), which is capped at
+    PANEL_MAX_BYTES.
     """
-    stats = 2 * 4
     if world > 1:
-        per_sample = 2 * dim * elem + 2 * 4 + 3 * dim * 4 + dim * 4 + stats
+        per_sample = ring_loss_bytes_per_sample(dim, elem)
     else:
-        per_sample = dim * 4 + stats
+        per_sample = dim * 4 + 2 * 4
     width = min(panel_width(local, local, dim, elem), local)
     panel = min(local, panel_rows(local, width, elem)) * width * elem
     return local * per_sample + panel

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
+from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
 from .encoders import ModelEstimate
 from .errors import PlanError
@@ -189,13 +190,6 @@ class RingHop:
     @property
     def hidden(self) -> bool:
         return self.comm_fwd <= self.compute_fwd and self.comm_bwd <= self.compute_bwd
-
-
-def hop_bytes(block: int, dim: int, elem: int) -> tuple:
-    """(forward, backward) bytes one rank sends per hop: the text block and its fp32 column
-    statistics; in the backward also the fp32 partial text gradient."""
-    forward = block * dim * elem + 4 * block
-    return forward, forward + 4 * block * dim
 
 
 def ring_hop(block: int, dim: int, elem: int, rate: float, forward_fraction: float, link: str,
