@@ -46,6 +46,14 @@ class Collate:
         return torch.stack(images), texts, sum(skipped)
 
 
+# Finished tasks (pieces of data.worker_batch samples) each data-loader worker keeps ahead
+# (torch's own default, stated here because the planner counts them).
+WORKER_PREFETCH_FACTOR = 2
+# Local batches a rank holds: the one training and the next, assembled meanwhile by a thread
+# (_AssembledAhead), when the caller drops each before asking for the next.
+LOCAL_BATCHES_HELD = 2
+
+
 class TrainData:
     """One rank's batches: `set_epoch`, iterate, `state_dict`/`load_state_dict`.
 
@@ -80,7 +88,8 @@ class TrainData:
         self.epoch, self.step, self.skipped = 0, 0, 0
         self._sampler = SettableSampler()
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
-                                  persistent_workers=workers > 0)
+                                  persistent_workers=workers > 0,
+                                  prefetch_factor=WORKER_PREFETCH_FACTOR if workers > 0 else None)
         start_workers(self._loader)
         self._ahead: Optional[_AssembledAhead] = None
         self._closed = False

@@ -26,6 +26,7 @@ from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
 from ..ops.block import panel_rows, panel_width
+from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample
 from .encoders import ModelEstimate
 
@@ -39,9 +40,6 @@ DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 # docs/planner.md.
 GPU_RUNTIME_RESERVE = int(2.5 * GIB)
 HOST_RESERVE_PER_RANK = 5 * GIB
-# torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
-# keeps) finished tasks per worker, each a piece of data.worker_batch samples.
-DATALOADER_PREFETCH_FACTOR = 2
 
 PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", "fp32 gradient sum"
 ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
@@ -229,7 +227,6 @@ def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
     if recipe.data.host_batch == "decoded":
         return 0
     from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
-    from ..data.train import kept_rows
     workers = recipe.data.decode_workers
     if not workers or recipe.data.decoder == "nvjpeg":  # decoding in the training process: no window
         return 0
@@ -244,7 +241,6 @@ def device_window_rows(recipe: Recipe, local: int, image_size: int) -> int:
     data = recipe.data
     if data.host_batch == "decoded" or data.decoder not in ("nvjpeg", "hybrid"):
         return 0
-    from ..data.train import kept_rows
     from .timing import hybrid_gpu_share
     share = 1.0 if data.decoder == "nvjpeg" else data.gpu_decode_share
     if share == "auto":
@@ -257,7 +253,6 @@ def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
     auto: plan.auto_keep_gib): whole chunks."""
     if recipe.data.host_batch == "decoded":
         return 0
-    from ..data.train import kept_rows
     rows = min(local, kept_rows(recipe.data.keep_decoded_gib, image_size))
     return rows if rows == local else rows - rows % recipe.batch.chunk
 
@@ -266,7 +261,7 @@ def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
     """Samples a rank holds on the host: the local batch training and the next, which a
     thread assembles meanwhile (infcl_ds/data/train.py; page-locked at exactly its size), and
     the pieces of ``worker_batch`` samples its data workers have prefetched."""
-    return 2 * local + workers * DATALOADER_PREFETCH_FACTOR * min(worker_batch, local)
+    return LOCAL_BATCHES_HELD * local + workers * WORKER_PREFETCH_FACTOR * min(worker_batch, local)
 
 
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,
