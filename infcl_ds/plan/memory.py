@@ -21,12 +21,13 @@ The peak per GPU is the largest phase. Everything but the runtime reserve is mem
 torch's caching allocator hands out, i.e. what torch.cuda.max_memory_allocated reports;
 the reserve stands for what it does not see (CUDA context, NCCL, fragmentation).
 """
+import logging
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
-from ..ops.block import panel_rows, panel_width
 from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
+from ..ops.block import panel_rows, panel_width
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample
 from .encoders import ModelEstimate
 
@@ -80,20 +81,36 @@ def model_state_bytes(params: int, dtype: str, stage: int, world: int, grad_accu
             GRAD_SUM: grad_sum * params}
 
 
+def deepspeed_zero_config(zero: dict):
+    """DeepSpeed's own reading of a `zero_optimization` section (its DeepSpeedZeroConfig: every
+    default filled in). Importing DeepSpeed logs its accelerator choice to stdout; that line is
+    not the plan's, so DeepSpeed's logger passes nothing during the import."""
+    silenced = logging.getLogger("DeepSpeed")
+    drop_all = logging.Filter("\0")  # passes only records of a logger named NUL: none
+    silenced.addFilter(drop_all)
+    try:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    finally:
+        silenced.removeFilter(drop_all)
+    return DeepSpeedZeroConfig(**zero)
+
+
 def zero_buffer_bytes(zero: dict, elem: int, params: int = 0, world: int = 1) -> int:
-    """DeepSpeed's gradient-reduction buffers (defaults as DeepSpeed's). ZeRO-1/2 with
+    """DeepSpeed's gradient-reduction buffers, `zero` read as DeepSpeed reads it. ZeRO-1/2 with
     contiguous gradients: reduce_bucket_size elements per bucket, two with overlap_comm
     (double buffering), allocated whole whatever the model's size, and the rank's gradient
     partition (P / W elements) the reduced gradients are copied into; both only at the
     step's one coalesced reduction (module docstring). ZeRO-3: the reduce buckets and the
     prefetch bucket, counted throughout (not measured)."""
-    stage = zero.get("stage", 0)
-    if stage == 0 or not zero.get("contiguous_gradients", True):
+    if zero.get("stage", 0) == 0:
         return 0
-    buckets = 2 if zero.get("overlap_comm", stage == 3) else 1
-    total = buckets * int(zero.get("reduce_bucket_size", 5e8)) * elem
-    if stage == 3:
-        total += int(zero.get("stage3_prefetch_bucket_size", 5e7)) * elem
+    config = deepspeed_zero_config(zero)
+    if not config.contiguous_gradients:
+        return 0
+    buckets = 2 if config.overlap_comm else 1
+    total = buckets * int(config.reduce_bucket_size) * elem
+    if config.stage == 3:
+        total += int(config.prefetch_bucket_size) * elem
     else:
         total += _shard(params, world) * elem
     return total
