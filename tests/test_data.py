@@ -391,7 +391,6 @@ def test_configuration_errors(tmp_path, id_shards, tokenizer):
         ({"source": "webdataset", "train": str(tmp_path / "shard-{000000..000003}.tar")}, "shard-000000.tar"),
         ({"source": "webdataset", "train": str(tmp_path / "empty/*.tar")}, "matches no file"),
         ({"source": "webdataset", "train": str(tmp_path / "empty")}, "no \\*.tar shards in directory"),
-        ({"source": "webdataset", "train": []}, "empty shard list"),
         ({"source": "csv", "train": str(tmp_path / "no_title.csv")}, "title"),
         ({"source": "csv", "train": str(tmp_path / "absent.tsv")}, "absent.tsv"),
         ({"source": "synthetic"}, "synthetic_size"),
@@ -402,7 +401,9 @@ def test_configuration_errors(tmp_path, id_shards, tokenizer):
             build(spec, tokenizer, world_size=4, local_batch=6)
     assert issubclass(DataError, ValueError)
     # Keys and choices are the recipe's to check, at load.
-    for sets, message in ((["data.source=webdataset"], "data.train"), (["data.source=parquet"], "parquet")):
+    for sets, message in ((["data.source=webdataset"], "data.train"),
+                          (["data.source=webdataset", "data.train=[]"], "data.train"),
+                          (["data.source=parquet"], "parquet")):
         with pytest.raises(RecipeError, match=message):
             load_recipe(None, sets)
 
