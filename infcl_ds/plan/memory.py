@@ -29,18 +29,18 @@ from ..config import Recipe, build_deepspeed_config
 from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
 from ..ops.block import panel_rows, panel_width
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample
+from ..resources import read_json
 from .encoders import ModelEstimate
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
-# GPU: what the device holds beyond torch.cuda.max_memory_allocated (CUDA context, cuBLAS and
-# NCCL workspaces, allocator rounding and fragmentation). Host, per rank: Python, torch, the CUDA
-# host libraries and the rank's data-loader workers. Both measured (GPU: device in use minus
-# allocated peak, 2.1-2.9 GiB in four H200 runs; host: fitted to the host-memory runs):
-# docs/planner.md.
-GPU_RUNTIME_RESERVE = int(2.5 * GIB)
-HOST_RESERVE_PER_RANK = 5 * GIB
+# Measured overheads, with their sources: calibration/overheads.json. GPU: what the device holds
+# beyond torch.cuda.max_memory_allocated. Host, per rank: Python, torch, the CUDA host libraries
+# and the rank's data-loader workers.
+_OVERHEADS = read_json("calibration", "overheads.json")
+GPU_RUNTIME_RESERVE = int(_OVERHEADS["gpu_runtime_reserve_gib"] * GIB)
+HOST_RESERVE_PER_RANK = int(_OVERHEADS["host_reserve_per_rank_gib"] * GIB)
 
 PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", "fp32 gradient sum"
 ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
@@ -201,9 +201,8 @@ INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decode window", "off
 DEFAULT_IMAGE_BYTES = 32 * 1024
 # Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
 ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
-# Per decode process: its own Python heap beyond the shared pages of the forked rank (with
-# HOST_RESERVE_PER_RANK, fitted to docs/benchmarks/host_memory.json).
-DECODE_WORKER_RESERVE = GIB // 10
+# Per decode process: its own Python heap beyond the shared pages of the forked rank.
+DECODE_WORKER_RESERVE = int(_OVERHEADS["decode_worker_reserve_gib"] * GIB)
 # Shards read to measure the stored image size (their headers only: a few ms each).
 SHARDS_SAMPLED = 4
 

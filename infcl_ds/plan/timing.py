@@ -68,18 +68,18 @@ MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
 # is planned at its eager rate (compilation does not make it slower there).
 COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
     name: EncoderRate(**entry["compiled"]) for name, entry in _ENCODER_RATES.items() if "compiled" in entry}
-# ZeRO-3's eager encoder time over ZeRO-2's eager (its per-module hooks), measured on one GPU
-# (docs/planner.md). Across GPUs its parameter gathers are communication as well: a floor. ZeRO-3
-# does not compile the towers.
-ZERO3_ENCODER_SLOWDOWN = 1.05
+# Measured, with their sources: calibration/overheads.json.
+_OVERHEADS = read_json("calibration", "overheads.json")
+# ZeRO-3's eager encoder time over ZeRO-2's eager (its per-module hooks). Across GPUs its
+# parameter gathers are communication as well: a floor. ZeRO-3 does not compile the towers.
+ZERO3_ENCODER_SLOWDOWN = float(_OVERHEADS["zero3_encoder_slowdown"])
 # ZeRO-3's hooks run on the host around every module of every chunk pass. Large chunks give the
 # GPU enough work to hide them (above); small ones do not: the seconds per no-grad and per grad
-# chunk pass measured for ViT-B-16 (docs/planner.md) are a floor that does not depend on the
-# model's FLOPs, transferred to other models (the hooks' cost grows with the module count: not
-# measured for others).
-ZERO3_CHUNK_FLOOR_S = (0.106, 0.259)
+# chunk pass measured for ViT-B-16 are a floor that does not depend on the model's FLOPs,
+# transferred to other models (the hooks' cost grows with the module count: not measured for others).
+ZERO3_CHUNK_FLOOR_S = tuple(float(s) for s in _OVERHEADS["zero3_chunk_floor_s"])
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
-DEFAULT_ENCODER_TFLOPS = 254.0
+DEFAULT_ENCODER_TFLOPS = float(_OVERHEADS["default_encoder_tflops"])
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
 # Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
