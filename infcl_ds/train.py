@@ -6,13 +6,8 @@ the local batch in chunks, computes the exact loss over all ranks with the ring,
 and steps (infcl_ds/engine/step.py). The run directory (recipe key ``output_dir``) holds the
 resolved recipe, checkpoints, metrics.csv / eval.csv / TensorBoard and metrics.png, of one run:
 a start without --resume into a directory that holds a run is refused, and --restart moves
-that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py).
-
-Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data,
-output directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or
-timed out (a peer rank is stopped, wedged or dead: one line naming this rank and its step); 4
-the deepspeed launcher that started the ranks went away (SIGINT/SIGTERM to it: every rank
-stops within 30 s, after a checkpoint being written; training/launcher_watch.py).
+that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py). The exit statuses:
+training/exits.py.
 """
 import argparse
 import os
@@ -22,15 +17,15 @@ from typing import List, Optional
 
 from .config import RecipeError, load_recipe
 from .training.distributed import collective_timeout_s, make_timeout_env_importable
-from .training.exits import DONE_EXIT, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, exit_now, \
-    is_collective_failure, one_line
+from .training.exits import DONE_EXIT, EXIT_STATUSES, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, \
+    exit_now, is_collective_failure, one_line
 from .training.launcher_watch import watch_launcher
 from .training.safe_load import TRUST_FLAG, TRUST_HELP
 
 
 def parse_args(argv: Optional[List[str]]):
     parser = argparse.ArgumentParser(prog="infcl-ds train", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[2])
+                                     epilog=EXIT_STATUSES)
     parser.add_argument("--config", required=True, help="the recipe (YAML); see ds_configs/recipes/")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. --set batch.global=1024 (repeatable)")

@@ -1,11 +1,5 @@
-"""How a rank of `infcl-ds train` ends: the exit statuses and the errors that map to them
-(docs/reliability.md).
-
-0 done; 2 the run cannot go on as configured (recipe, data, output directory, disk,
-checkpoint: one line on stderr naming it); 3 a collective failed or timed out (a peer rank is
-stopped, wedged or dead: one line naming this rank and its step); 4 the deepspeed launcher
-that started the ranks went away (training/launcher_watch.py).
-"""
+"""How a rank of `infcl-ds train` ends: the exit statuses (EXIT_STATUSES, also `--help`'s) and
+the errors that map to them."""
 import os
 import sys
 
@@ -20,6 +14,12 @@ DONE_EXIT = 0
 USER_ERROR_EXIT = 2
 COLLECTIVE_FAILURE_EXIT = 3
 LAUNCHER_GONE_EXIT = 4
+EXIT_STATUSES = (
+    "Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data, output "
+    "directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or timed out (a peer rank is "
+    "stopped, wedged or dead: one line naming this rank and its step); 4 the deepspeed launcher that started the "
+    "ranks went away (SIGINT/SIGTERM to it: every rank stops within 30 s, after a checkpoint being written; "
+    "training/launcher_watch.py).")
 
 # Errors that are the run's configuration or files, not a bug: one line, exit 2.
 USER_ERRORS = (RecipeError, DataError, CheckpointError, StartupError, DivergedError, FileNotFoundError)
