@@ -55,7 +55,7 @@ def test_tiny_components_exact(rates):
         mem.ZERO_BUFFERS: buffers, mem.RUNTIME: mem.GPU_RUNTIME_RESERVE,
         mem.ACTIVATIONS: activations,
         mem.FEATURES: 2 * 8 * 32 * 2, mem.FEATURE_GRADS: 2 * 8 * 32 * 2,
-        mem.LOSS_BUFFERS: 8 * 656 + 128, mem.PIXELS_KEPT: 0,
+        mem.LOSS_BUFFERS: 8 * 656 + 128, mem.PIXELS_KEPT: 0, mem.DEVICE_WINDOW: 0,
     }
     always = 2 * P + 12 * P // 2 + mem.GPU_RUNTIME_RESERVE
     # The encoder pass holds the fp32 gradient sum, not the chunk's gradients (folded and freed);
