@@ -16,8 +16,10 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from data_section import data_section
 from launch_utils import data_check
 
+from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.data import DataError, HostBatch, build_eval_data, build_train_data
 from infcl_ds.data.digits import NUMBER_WORDS, build_digits, main as digits_main
 from infcl_ds.data.sampler import epoch_order
@@ -76,7 +78,7 @@ def ids_of(batch):
 
 
 def build(spec, tokenizer, *, rank=0, world_size=1, local_batch=4, seed=0, image_size=8, **kw):
-    return build_train_data(spec, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+    return build_train_data(data_section(spec), rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                             image_size=image_size, tokenizer=tokenizer, **kw)
 
 
@@ -389,18 +391,21 @@ def test_configuration_errors(tmp_path, id_shards, tokenizer):
         ({"source": "webdataset", "train": str(tmp_path / "shard-{000000..000003}.tar")}, "shard-000000.tar"),
         ({"source": "webdataset", "train": str(tmp_path / "empty/*.tar")}, "matches no file"),
         ({"source": "webdataset", "train": str(tmp_path / "empty")}, "no \\*.tar shards in directory"),
-        ({"source": "webdataset", "train": []}, "empty shard list"),
-        ({"source": "webdataset"}, "data.train"),
         ({"source": "csv", "train": str(tmp_path / "no_title.csv")}, "title"),
         ({"source": "csv", "train": str(tmp_path / "absent.tsv")}, "absent.tsv"),
         ({"source": "synthetic"}, "synthetic_size"),
-        ({"source": "parquet", "train": "x"}, "parquet"),
         ({"source": "webdataset", "train": str(id_shards)}, "do not fill one global batch"),
     ]
     for spec, message in cases:
         with pytest.raises(DataError, match=message):
             build(spec, tokenizer, world_size=4, local_batch=6)
     assert issubclass(DataError, ValueError)
+    # Keys and choices are the recipe's to check, at load.
+    for sets, message in ((["data.source=webdataset"], "data.train"),
+                          (["data.source=webdataset", "data.train=[]"], "data.train"),
+                          (["data.source=parquet"], "parquet")):
+        with pytest.raises(RecipeError, match=message):
+            load_recipe(None, sets)
 
 
 def test_eval_errors(tmp_path, id_shards, digits_dir, tokenizer):

@@ -16,6 +16,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from data_section import data_section
 from dist_utils import run_ranks
 from infcl_ds.data import DataError, build_train_data
 from infcl_ds.data.encoded import DECODE_PIECE_ROWS, EncodedBatch
@@ -61,7 +62,7 @@ def first_batch(shard, tokenizer, host_batch, *, decode_workers=0, local_batch=S
                 augment=True, decoder="pil", **spec):
     spec = {"source": "webdataset", "train": str(shard), "augment": augment, "workers": 0,
             "host_batch": host_batch, "decode_workers": decode_workers, "decoder": decoder, **spec}
-    data = build_train_data(spec, rank=rank, world_size=world_size, local_batch=local_batch, seed=7,
+    data = build_train_data(data_section(spec), rank=rank, world_size=world_size, local_batch=local_batch, seed=7,
                             image_size=IMAGE_SIZE, tokenizer=tokenizer)
     return next(iter(data))
 
@@ -156,7 +157,7 @@ def test_torchvision_decoder_in_the_pool_agrees_across_passes_and_with_pil(tmp_p
 def pool_data(shard, tokenizer, local_batch=SAMPLES // 2, workers=2, **spec):
     spec = {"source": "webdataset", "train": str(shard), "workers": 0, "host_batch": "encoded",
             "decode_workers": workers, **spec}
-    return build_train_data(spec, rank=0, world_size=1, local_batch=local_batch, seed=7, image_size=IMAGE_SIZE,
+    return build_train_data(data_section(spec), rank=0, world_size=1, local_batch=local_batch, seed=7, image_size=IMAGE_SIZE,
                             tokenizer=tokenizer)
 
 
@@ -336,7 +337,7 @@ def test_worker_pools_are_forked_before_any_batch_and_do_not_pin_freed_batches(t
     spec = {"source": "webdataset", "train": str(path), "workers": 2, "worker_batch": 25,
             "host_batch": "encoded", "decode_workers": 2}
     shared_before = psutil.virtual_memory().shared
-    data = build_train_data(spec, rank=0, world_size=1, local_batch=100, seed=7, image_size=IMAGE_SIZE,
+    data = build_train_data(data_section(spec), rank=0, world_size=1, local_batch=100, seed=7, image_size=IMAGE_SIZE,
                             tokenizer=tokenizer)
     workers = {p.pid for p in psutil.Process().children(recursive=True)}
     assert len(workers) >= 4, "both pools start when the data is built"
@@ -480,7 +481,7 @@ def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
     from infcl_ds.plan.timing import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
-    from infcl_ds.train import resolve_decoder
+    from infcl_ds.training.resolve import resolve_decoder
     for decoder in ("nvjpeg", "hybrid"):
         recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": decoder}})
         with pytest.raises(DataError, match=f"data.decoder={decoder} decodes on the GPU"):
@@ -501,7 +502,7 @@ def test_pool_pixels_copied_to_the_gpu_equal_the_pixels_decoded_in_process(shard
     over several batches' worth of reuse of every slot."""
     spec = {"source": "webdataset", "train": str(shard), "workers": 0, "host_batch": "encoded",
             "decode_workers": 2, "decode_window_gib": 1e-9}  # the smallest window: slots reused at once
-    data = build_train_data(spec, rank=0, world_size=1, local_batch=SAMPLES // 2, seed=7, image_size=IMAGE_SIZE,
+    data = build_train_data(data_section(spec), rank=0, world_size=1, local_batch=SAMPLES // 2, seed=7, image_size=IMAGE_SIZE,
                             tokenizer=tokenizer)
     batches = iter(data)
     for _ in range(2):  # the epoch's two batches

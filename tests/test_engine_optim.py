@@ -3,6 +3,7 @@ import math
 
 import torch
 
+from infcl_ds.config.recipe import OptimizerSection
 from infcl_ds.engine.optim import clip_adamw, clip_param_groups
 
 
@@ -17,7 +18,7 @@ class M(torch.nn.Module):
 
 def test_decay_groups_follow_open_clip():
     m = M()
-    no_decay, decay = clip_param_groups(m)
+    no_decay, decay = clip_param_groups(m, OptimizerSection().weight_decay)
     names = {id(p): n for n, p in m.named_parameters()}
     assert {names[id(p)] for p in decay["params"]} == {"proj.weight", "text_projection"}
     assert {names[id(p)] for p in no_decay["params"]} == {"proj.bias", "ln_final.weight", "ln_final.bias", "logit_scale"}
@@ -25,7 +26,7 @@ def test_decay_groups_follow_open_clip():
 
 
 def test_clip_adamw_defaults():
-    opt = clip_adamw(M(), lr=1e-3)
+    opt = clip_adamw(M(), OptimizerSection(lr=1e-3))
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-6
 
 
@@ -38,7 +39,7 @@ def test_alignment_puts_odd_sized_tensors_last():
             self.proj, self.ln_final = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
             self.logit_scale = torch.nn.Parameter(torch.zeros(1))
     m = Wide()
-    opt = clip_adamw(m, lr=1e-3)
+    opt = clip_adamw(m, OptimizerSection(lr=1e-3))
     align_for_flat_buffers(opt, zero3=False)  # ZeRO-1/2: within each group, groups kept
     assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.2]
     assert opt.param_groups[0]["params"][-1] is m.logit_scale
@@ -48,7 +49,7 @@ def test_alignment_puts_odd_sized_tensors_last():
     assert flat[-1] is m.logit_scale and all(p.numel() % 8 == 0 for p in flat[:-1])
     assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
     # Groups with their own learning rates keep their order (a scheduler lists base rates by position).
-    opt = clip_adamw(m, lr=1e-3)
+    opt = clip_adamw(m, OptimizerSection(lr=1e-3))
     opt.param_groups[1]["lr"] = 2e-3
     align_for_flat_buffers(opt, zero3=True)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.2]
@@ -64,7 +65,8 @@ def _weight_offsets(rank, world, stage):
     model = create_model("infcl-tiny", seed=0)
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": stage}}
-    step = ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(), optimizer=clip_adamw(model, 1e-3))
+    step = ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(),
+                                     optimizer=clip_adamw(model, OptimizerSection(lr=1e-3)))
     offsets = {}
 
     def recorder(prefix):
@@ -102,7 +104,8 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
 
     def engine():
         model = create_model("infcl-tiny", seed=0)
-        return ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(), optimizer=clip_adamw(model, 1e-3))
+        return ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(),
+                                        optimizer=clip_adamw(model, OptimizerSection(lr=1e-3)))
     aligned = params.align_for_flat_buffers
     if save_in_old_order:  # the optimizer groups as they were packed before the alignment order
         params.align_for_flat_buffers = lambda optimizer, zero3: None

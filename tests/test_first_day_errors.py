@@ -88,7 +88,7 @@ def test_long_captions_are_read_alike_by_the_trainer_anddata_check(tmp_path, cap
         writer.writerow(["filepath", "title"])
         writer.writerow([image, "x" * 200_000])  # over csv's default 131,072
         writer.writerow([image, "a red square"])
-    assert len(CsvSource(table).captions[0]) == 200_000
+    assert len(CsvSource(table, "filepath", "title").captions[0]) == 200_000
     code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 0, out.err
 
@@ -96,7 +96,7 @@ def test_long_captions_are_read_alike_by_the_trainer_anddata_check(tmp_path, cap
         csv.writer(f).writerow([image, "y" * (MAX_CSV_FIELD_CHARS + 1)])
     expected = f"CSV {table} line 4: a field is longer than {MAX_CSV_FIELD_CHARS:,} characters"
     with pytest.raises(DataError, match="^" + expected):
-        CsvSource(table)
+        CsvSource(table, "filepath", "title")
     code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 2 and _one_line(out.err).startswith(f"infcl-ds data check: {expected}")
 
@@ -106,7 +106,7 @@ def test_a_csv_with_a_byte_order_mark_is_read(tmp_path, capsys):
     table = tmp_path / "excel.csv"
     table.write_text(f"filepath,title\n{image},a red square\n", encoding="utf-8-sig")
     assert table.read_bytes().startswith(b"\xef\xbb\xbf")
-    assert CsvSource(table).images == [image]
+    assert CsvSource(table, "filepath", "title").images == [image]
     code, out = data_check(capsys, "data.source=csv", f"data.train={table}")
     assert code == 0, out.err
 
@@ -189,5 +189,5 @@ def test_error_lines_quote_at_most_a_bounded_part_of_a_value(tmp_path):
     table = tmp_path / "wide.csv"
     table.write_text(",".join(["z" * 100_000] * 50) + "\n")
     with pytest.raises(DataError) as err:
-        CsvSource(table)
+        CsvSource(table, "filepath", "title")
     _one_line(str(err.value))

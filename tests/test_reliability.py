@@ -55,7 +55,7 @@ FILES = {"client": "client_rank0.pt", "model_states": "mp_rank_00_model_states.p
 def _train_then_resume_attempts(rank, world, run_dir, marker):
     """Train; then resume with a changed recipe (refused, then allowed), and with a hostile
     pickle in each kind of checkpoint file (refused). Returns what each attempt raised."""
-    from infcl_ds.train import Trainer
+    from infcl_ds.training.trainer import Trainer
     from infcl_ds.training.safe_load import CheckpointError
     run_dir, marker = Path(run_dir), Path(marker)
     Trainer(_recipe(run_dir)).run()
@@ -186,7 +186,7 @@ def test_damaged_tag_is_named_with_the_intact_ones(trained, damage):
 
 def _save_fails_on_rank1(rank, world, run_dir):
     """Two ranks; rank 1's write of the step-2 checkpoint fails with ENOSPC."""
-    from infcl_ds.train import Trainer
+    from infcl_ds.training.trainer import Trainer
     from infcl_ds.training.safe_load import CheckpointError
     trainer = Trainer(_recipe(run_dir, ["schedule.steps=3"]))
     if rank == 1:
@@ -219,7 +219,7 @@ def test_full_disk_during_a_save_keeps_the_last_complete_tag(tmp_path):
 
 def _first_step_moves(rank, world, run_dir):
     """For warm-up 0, 1 and 20: the rate of step 1 and whether the weights moved."""
-    from infcl_ds.train import Trainer
+    from infcl_ds.training.trainer import Trainer
     out = {}
     for warmup in (0, 1, 20):
         trainer = Trainer(_recipe(Path(run_dir) / f"w{warmup}", ["schedule.steps=40",

@@ -118,7 +118,7 @@ def _train(rank, world, jobs):
     import contextlib
     import io
 
-    from infcl_ds.train import Trainer
+    from infcl_ds.training.trainer import Trainer
     from infcl_ds.training import checkpoint
     from infcl_ds.training.safe_load import CheckpointError
     out = []

@@ -100,7 +100,7 @@ def test_resume_still_continues_the_run(tmp_path, run_dir):
 def _plain_then_restart(rank, world, run_dir):
     """On every rank: a plain start (refused alike), then --restart (rank 0 moves, all train)."""
     from infcl_ds.config import load_recipe
-    from infcl_ds.train import Trainer
+    from infcl_ds.training.trainer import Trainer
     from infcl_ds.training.preflight import StartupError
     recipe = load_recipe(TINY, SYNTHETIC + ["schedule.steps=2", "checkpoint.every=1", "checkpoint.keep=1",
                                             f"output_dir={run_dir}"])

@@ -37,10 +37,12 @@ def host_rss_gib() -> float:
 def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decoder: str = "pil"):
     from open_clip import get_tokenizer
 
+    from ..config.recipe import DataSection
     from ..data import build_train_data
-    spec = {"source": "webdataset", "train": str(shards), "workers": min(8, os.cpu_count() or 1),
-            "worker_batch": 512, "host_batch": "encoded", "decode_workers": decode_workers, "decoder": decoder, "augment": True}
-    data = build_train_data(spec, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
+    section = DataSection(source="webdataset", train=str(shards), workers=min(8, os.cpu_count() or 1), worker_batch=512,
+                          host_batch="encoded", decode_workers=decode_workers, decoder=decoder, augment=True,
+                          keep_decoded_gib=0.0)
+    data = build_train_data(section, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from ..data.train import DEFAULT_DECODE_WINDOW_GIB
+from ..config.recipe import DataSection
+from ..training.build import build_engine
+from ..training.resolve import resolve_data
 from .common import free_port, is_oom, join_ranks, run_identity, write_rows
 from .loss import parse_sizes
 
@@ -60,20 +62,12 @@ def _loss_fn(impl, rank, world):
 
 
 def _engine(args, impl, rank, world, device):
-    from ..config import build_deepspeed_config
-    from ..engine import ContrastiveEngine
-    from ..engine.optim import clip_param_groups
-    from ..models import create_model
-    recipe = _recipe(args, world, args_batch=parse_sizes(args.batch)[0])
-    model = create_model(args.model).to(device)
-    if args.grad_checkpointing:
-        model.set_grad_checkpointing(True)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    optimizer = torch.optim.AdamW(clip_param_groups(model), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, **fused)
-    return ContrastiveEngine.create(model, build_deepspeed_config(recipe, world), args.chunk, optimizer=optimizer,
-                                    loss_fn=_loss_fn(impl, rank, world), time_phases=True,
-                                    offload_features=args.offload_features,
-                                    compile_backend="inductor" if args.compile else None)
+    """The trainer's engine (training/build.py) for this configuration, `impl`'s loss swapped in;
+    --chunk auto resolved there as `batch.chunk: auto` is in training (args.chunk set to it)."""
+    built = build_engine(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank=rank,
+                         loss_fn=_loss_fn(impl, rank, world), time_phases=True)
+    args.chunk = built.chunk
+    return built.engine
 
 
 def _recipe(args, world, args_batch, data="synthetic", decoder=None):
@@ -90,21 +84,6 @@ def _recipe(args, world, args_batch, data="synthetic", decoder=None):
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
                               f"batch.offload_features={str(args.offload_features).lower()}",
                               *inputs, f"model.compile={str(args.compile).lower()}", *args.set])
-
-
-def _resolve_chunk(args, world):
-    """--chunk auto: the planner's choice (plan.auto_chunk) for GPU 0 at the first batch, as
-    `batch.chunk: auto` resolves in training; 64 on CPU ranks."""
-    if args.chunk != "auto":
-        return int(args.chunk)
-    from ..plan.plan import AUTO_CHUNK_CPU, auto_chunk
-    B = parse_sizes(args.batch)[0]
-    if not torch.cuda.is_available():
-        return min(AUTO_CHUNK_CPU, B // world)
-    chunk = auto_chunk(_recipe(args, world, B), world, torch.cuda.get_device_properties(0).total_memory,
-                       torch.cuda.device_count())
-    print(f"--chunk auto: {chunk} samples per chunk", flush=True)
-    return chunk
 
 
 def _prediction(args, B, world, data="synthetic", decoder=None):
@@ -163,10 +142,9 @@ class _JpegBatches:
     def __init__(self, args, B, world, rank, info, device, decoder):
         from open_clip import get_tokenizer
         from ..data import build_train_data
-        from ..train import resolve_auto_keep, resolve_decoder
-        recipe = resolve_decoder(resolve_auto_keep(_recipe(args, world, B, "jpeg", decoder), world, device), device)
+        recipe = resolve_data(_recipe(args, world, B, "jpeg", decoder), world, device)
         self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
-        self.data = build_train_data(recipe.data.model_dump(), rank=rank, world_size=world, local_batch=B // world,
+        self.data = build_train_data(recipe.data, rank=rank, world_size=world, local_batch=B // world,
                                      seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
                                      mean=info["mean"], std=info["std"])
         self._batches = self._forever()
@@ -246,6 +224,7 @@ def _worker(rank, world, args, port, ident):
         meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
         step_engine = _engine(args, impl, rank, world, device)
+        meta["chunk"] = args.chunk  # --chunk auto: the chunk chosen
         info = model_info(step_engine.model)
         pool = _pool(args, info, device)
         check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device)
@@ -422,7 +401,7 @@ def main(argv=None):
     p.add_argument("--decoder", default="pil",
                    help="--data jpeg: data.decoder, or several comma-separated (a row each): pil,nvjpeg,hybrid")
     p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
-    p.add_argument("--decode-window-gib", type=float, default=DEFAULT_DECODE_WINDOW_GIB,
+    p.add_argument("--decode-window-gib", type=float, default=DataSection.model_fields["decode_window_gib"].default,
                    help="--data jpeg: data.decode_window_gib")
     p.add_argument("--open-clip-train-workers", type=int, default=None,
                    help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
@@ -436,7 +415,6 @@ def main(argv=None):
         print("bench train: --profile times CUDA kernels; on this machine (no CUDA) it is ignored", file=sys.stderr)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
-    args.chunk = _resolve_chunk(args, world)
     impls = args.impl.split(",")
     if "open_clip_train" in impls:
         open_clip_train_rows(args, world)

@@ -7,28 +7,21 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..config.recipe import DataSection
 from ..shown import shown
 from .errors import DataError
 from .samples import EncodedSample, Sample, SkipSample, decode_caption, decode_image, read_image_file, require_image_bytes
 from .webdataset_source import TarSource
 
-SOURCES = ("webdataset", "csv", "synthetic")
-
-
-def build_source(spec: dict, image_size: int):
-    """Check the spec and open its source; every problem is a DataError naming the key or path."""
-    kind = spec.get("source")
-    if kind not in SOURCES:
-        raise DataError(f"data.source must be one of {SOURCES}, got {shown(kind)}")
-    if kind != "synthetic" and spec.get("train") is None:
-        raise DataError(f"data.train is required for source {kind!r}")
-    if kind == "synthetic":
-        return SyntheticSource(spec.get("synthetic_size"), image_size)
-    if kind == "webdataset":
-        return TarSource(spec["train"])
-    return CsvSource(spec["train"], img_key=spec.get("csv_img_key", "filepath"),
-                     caption_key=spec.get("csv_caption_key", "title"),
-                     separator=spec.get("csv_separator"))
+def build_source(data: DataSection, image_size: int):
+    """Open the data section's source (its keys and choices checked by the recipe); a problem
+    with its files is a DataError naming the path."""
+    if data.source == "synthetic":
+        return SyntheticSource(data.synthetic_size, image_size)
+    if data.source == "webdataset":
+        return TarSource(data.train)
+    return CsvSource(data.train, img_key=data.csv_img_key, caption_key=data.csv_caption_key,
+                     separator=data.csv_separator)
 
 
 def csv_separator(path: Path, separator=None) -> str:
@@ -93,7 +86,7 @@ class CsvSource:
     or one that is not a regular file of at most MAX_IMAGE_BYTES, skips its row at load time:
     checking millions of files at build time would be slow."""
 
-    def __init__(self, path, img_key: str = "filepath", caption_key: str = "title", separator=None):
+    def __init__(self, path, img_key: str, caption_key: str, separator=None):
         path = Path(path)
         separator = csv_separator(path, separator)
         with csv_rows(path, separator) as reader:

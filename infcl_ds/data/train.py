@@ -9,7 +9,7 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
-from ..shown import shown
+from ..config.recipe import DataSection
 from .batch import HostBatch
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
@@ -46,6 +46,14 @@ class Collate:
         return torch.stack(images), texts, sum(skipped)
 
 
+# Finished tasks (pieces of data.worker_batch samples) each data-loader worker keeps ahead
+# (torch's own default, stated here because the planner counts them).
+WORKER_PREFETCH_FACTOR = 2
+# Local batches a rank holds: the one training and the next, assembled meanwhile by a thread
+# (_AssembledAhead), when the caller drops each before asking for the next.
+LOCAL_BATCHES_HELD = 2
+
+
 class TrainData:
     """One rank's batches: `set_epoch`, iterate, `state_dict`/`load_state_dict`.
 
@@ -80,7 +88,8 @@ class TrainData:
         self.epoch, self.step, self.skipped = 0, 0, 0
         self._sampler = SettableSampler()
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,
-                                  persistent_workers=workers > 0)
+                                  persistent_workers=workers > 0,
+                                  prefetch_factor=WORKER_PREFETCH_FACTOR if workers > 0 else None)
         start_workers(self._loader)
         self._ahead: Optional[_AssembledAhead] = None
         self._closed = False
@@ -221,49 +230,35 @@ class _AssembledAhead:
             self._results.put_nowait(DataError("this rank's batches were closed while being read"))
 
 
-HOST_BATCHES = ("encoded", "decoded")
-
-
-def build_train_data(spec: dict, *, rank: int, world_size: int, local_batch: int, seed: int,
+def build_train_data(data: DataSection, *, rank: int, world_size: int, local_batch: int, seed: int,
                      image_size: int, tokenizer, drop_last: bool = True,
                      mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, device=None) -> TrainData:
-    """The recipe's `data` section (keys and defaults: config/recipe.py, DataSection) -> this
+    """The recipe's `data` section, its `auto` values resolved (training/resolve.py) -> this
     rank's TrainData. `device`: where data.decoder=nvjpeg|hybrid decodes (default: the current
-    CUDA device, else the CPU). Configuration errors raise DataError here."""
-    source = build_source(spec, image_size)
-    transform = uint8_image_transform(image_size, augment=spec.get("augment", True))
-    host_batch = spec.get("host_batch", "encoded")
-    if host_batch not in HOST_BATCHES:
-        raise DataError(f"data.host_batch must be one of {HOST_BATCHES}, got {shown(host_batch)}")
-    if host_batch == "encoded":
+    CUDA device, else the CPU). Errors in the files or paths raise DataError here."""
+    source = build_source(data, image_size)
+    transform = uint8_image_transform(image_size, augment=data.augment)
+    if data.host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
-        keep_rows = kept_rows(spec.get("keep_decoded_gib", 0.0), image_size)
-        window = min(local_batch, kept_rows(spec.get("decode_window_gib", DEFAULT_DECODE_WINDOW_GIB), image_size))
-        if device is None and spec.get("decoder") in ("nvjpeg", "hybrid"):
+        keep_rows = kept_rows(data.keep_decoded_gib, image_size)
+        window = min(local_batch, kept_rows(data.decode_window_gib, image_size))
+        if device is None and data.decoder in ("nvjpeg", "hybrid"):
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        share = spec.get("gpu_decode_share", "auto")
-        if share == "auto" and spec.get("decoder") == "hybrid":
+        if data.gpu_decode_share == "auto" and data.decoder == "hybrid":
             raise DataError("data.gpu_decode_share=auto is resolved by the trainer (plan.hybrid_gpu_share) before "
                             "the data is built: pass a number")
-        decoder = ChunkDecoder(transform, seed, spec.get("decode_workers", 2), spec.get("decoder", "pil"),
-                               device=device, image_size=image_size, window_rows=window, gpu_share=share)
+        decoder = ChunkDecoder(transform, seed, data.decode_workers, data.decoder, device=device,
+                               image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share)
     else:
         dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
     try:
         return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
-                         drop_last=drop_last, workers=spec.get("workers", 2),
-                         worker_batch=spec.get("worker_batch", 256), mean=mean, std=std, decoder=decoder,
-                         keep_rows=keep_rows)
+                         drop_last=drop_last, workers=data.workers, worker_batch=data.worker_batch, mean=mean,
+                         std=std, decoder=decoder, keep_rows=keep_rows)
     except BaseException:
         if decoder is not None:  # its pool is already running
             decoder.close()
         raise
-
-
-# Host memory of a rank's window of decoded rows (data.decode_window_gib), at most a local
-# batch: at ~2,500 decodes/s it holds ~11 s of 224 px decoding, what a ViT-B-16 grad pass at 32k
-# lasts, during which the pool decodes the next step's first chunks.
-DEFAULT_DECODE_WINDOW_GIB = 4.0
 
 
 def kept_rows(gib, image_size: int) -> int:

@@ -1,10 +1,12 @@
-"""OpenCLIP's optimizer defaults, decided on the unwrapped model before deepspeed.initialize
-(under ZeRO-3 a parameter's shape is its shard's, so the decay rule must look first)."""
+"""The optimizer: torch's AdamW over OpenCLIP's decay groups, with the recipe's settings
+(config/recipe.py, OptimizerSection, owns their defaults). The groups are decided on the
+unwrapped model before deepspeed.initialize: under ZeRO-3 a parameter's shape is its shard's,
+so the decay rule must look first."""
 from typing import Dict, List
 
 import torch
 
-CLIP_ADAMW = {"betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.2}
+from ..config.recipe import OptimizerSection
 
 
 def exclude_from_decay(name: str, param: torch.nn.Parameter) -> bool:
@@ -13,7 +15,7 @@ def exclude_from_decay(name: str, param: torch.nn.Parameter) -> bool:
     return param.ndim < 2 or "bn" in name or "ln" in name or "norm" in name or "bias" in name or "logit_scale" in name
 
 
-def clip_param_groups(model: torch.nn.Module, weight_decay: float = CLIP_ADAMW["weight_decay"]) -> List[Dict]:
+def clip_param_groups(model: torch.nn.Module, weight_decay: float) -> List[Dict]:
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
@@ -22,8 +24,8 @@ def clip_param_groups(model: torch.nn.Module, weight_decay: float = CLIP_ADAMW["
     return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
 
 
-def clip_adamw(model: torch.nn.Module, lr: float, weight_decay: float = CLIP_ADAMW["weight_decay"]):
-    """torch AdamW with CLIP's betas/eps over OpenCLIP's decay groups (FusedAdam's JIT build
-    fails on the H100/H200 image with deepspeed 0.19.8; torch's fused AdamW needs no build)."""
-    return torch.optim.AdamW(clip_param_groups(model, weight_decay), lr=lr,
-                             betas=CLIP_ADAMW["betas"], eps=CLIP_ADAMW["eps"])
+def clip_adamw(model: torch.nn.Module, settings: OptimizerSection) -> torch.optim.AdamW:
+    """torch's AdamW (DeepSpeed's FusedAdam needs a JIT build, which fails on the H100/H200
+    image) in its default implementation, for the trainer and the benchmarks alike."""
+    return torch.optim.AdamW(clip_param_groups(model, settings.weight_decay), lr=settings.lr,
+                             betas=tuple(settings.betas), eps=settings.eps)

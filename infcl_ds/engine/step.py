@@ -124,6 +124,7 @@ class ContrastiveEngine:
             return nullcontext()
         import deepspeed
         return deepspeed.zero.GatheredParameters([param], modifier_rank=0 if modify else None)
+    full_parameter = _full  # public, for readers outside the step (the trainer's logit-scale metric)
 
     def _encode(self, images, texts):
         """Normalised image and text features, exp(logit_scale) and logit_bias where the

@@ -21,26 +21,26 @@ The peak per GPU is the largest phase. Everything but the runtime reserve is mem
 torch's caching allocator hands out, i.e. what torch.cuda.max_memory_allocated reports;
 the reserve stands for what it does not see (CUDA context, NCCL, fragmentation).
 """
+import logging
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
+from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
 from ..ops.block import panel_rows, panel_width
+from ..parallel.ring_bytes import ring_loss_bytes_per_sample
+from ..resources import read_json
 from .encoders import ModelEstimate
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 
-# GPU: what the device holds beyond torch.cuda.max_memory_allocated (CUDA context, cuBLAS and
-# NCCL workspaces, allocator rounding and fragmentation). Host, per rank: Python, torch, the CUDA
-# host libraries and the rank's data-loader workers. Both measured (GPU: device in use minus
-# allocated peak, 2.1-2.9 GiB in four H200 runs; host: fitted to the host-memory runs):
-# docs/planner.md.
-GPU_RUNTIME_RESERVE = int(2.5 * GIB)
-HOST_RESERVE_PER_RANK = 5 * GIB
-# torch's DataLoader keeps up to prefetch_factor (default 2, which infcl_ds/data/train.py
-# keeps) finished tasks per worker, each a piece of data.worker_batch samples.
-DATALOADER_PREFETCH_FACTOR = 2
+# Measured overheads, with their sources: calibration/overheads.json. GPU: what the device holds
+# beyond torch.cuda.max_memory_allocated. Host, per rank: Python, torch, the CUDA host libraries
+# and the rank's data-loader workers.
+_OVERHEADS = read_json("calibration", "overheads.json")
+GPU_RUNTIME_RESERVE = int(_OVERHEADS["gpu_runtime_reserve_gib"] * GIB)
+HOST_RESERVE_PER_RANK = int(_OVERHEADS["host_reserve_per_rank_gib"] * GIB)
 
 PARAMS, GRADS, OPTIM, GRAD_SUM = "parameters", "gradients", "optimizer states", "fp32 gradient sum"
 ZERO_BUFFERS, RUNTIME = "ZeRO buffers", "runtime reserve"
@@ -81,20 +81,36 @@ def model_state_bytes(params: int, dtype: str, stage: int, world: int, grad_accu
             GRAD_SUM: grad_sum * params}
 
 
+def deepspeed_zero_config(zero: dict):
+    """DeepSpeed's own reading of a `zero_optimization` section (its DeepSpeedZeroConfig: every
+    default filled in). Importing DeepSpeed logs its accelerator choice to stdout; that line is
+    not the plan's, so DeepSpeed's logger passes nothing during the import."""
+    silenced = logging.getLogger("DeepSpeed")
+    drop_all = logging.Filter("\0")  # passes only records of a logger named NUL: none
+    silenced.addFilter(drop_all)
+    try:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    finally:
+        silenced.removeFilter(drop_all)
+    return DeepSpeedZeroConfig(**zero)
+
+
 def zero_buffer_bytes(zero: dict, elem: int, params: int = 0, world: int = 1) -> int:
-    """DeepSpeed's gradient-reduction buffers (defaults as DeepSpeed's). ZeRO-1/2 with
+    """DeepSpeed's gradient-reduction buffers, `zero` read as DeepSpeed reads it. ZeRO-1/2 with
     contiguous gradients: reduce_bucket_size elements per bucket, two with overlap_comm
     (double buffering), allocated whole whatever the model's size, and the rank's gradient
     partition (P / W elements) the reduced gradients are copied into; both only at the
     step's one coalesced reduction (module docstring). ZeRO-3: the reduce buckets and the
     prefetch bucket, counted throughout (not measured)."""
-    stage = zero.get("stage", 0)
-    if stage == 0 or not zero.get("contiguous_gradients", True):
+    if zero.get("stage", 0) == 0:
         return 0
-    buckets = 2 if zero.get("overlap_comm", stage == 3) else 1
-    total = buckets * int(zero.get("reduce_bucket_size", 5e8)) * elem
-    if stage == 3:
-        total += int(zero.get("stage3_prefetch_bucket_size", 5e7)) * elem
+    config = deepspeed_zero_config(zero)
+    if not config.contiguous_gradients:
+        return 0
+    buckets = 2 if config.overlap_comm else 1
+    total = buckets * int(config.reduce_bucket_size) * elem
+    if config.stage == 3:
+        total += int(config.prefetch_bucket_size) * elem
     else:
         total += _shard(params, world) * elem
     return total
@@ -109,18 +125,15 @@ def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
     """What the loss allocates per GPU beyond its inputs and outputs, in its backward (the
     larger pass), for a local batch of ``local`` on every rank.
 
-    Over several ranks (parallel/ring_loss.py): two visiting text blocks (features' dtype)
-    with their column statistics (fp32); three fp32 partial text gradients (one in flight,
-    one filling, one receiving) and the fp32 image gradient accumulator. On one GPU
-    (ops/clip.py): the fp32 image gradient. Both: the row and column statistics saved by the
-    forward, and the kernels' G tile (ops/block.py; features' dtype on the GPU), which is
-    capped at PANEL_MAX_BYTES.
+    Over several ranks: the ring's buffers (parallel/ring_bytes.py). On one GPU (ops/clip.py):
+    the fp32 image gradient and the row and column statistics saved by the forward. Both: the
+    kernels' G tile (ops/block.py; features' dtype on the GPU), which is capped at
+    PANEL_MAX_BYTES.
     """
-    stats = 2 * 4
     if world > 1:
-        per_sample = 2 * dim * elem + 2 * 4 + 3 * dim * 4 + dim * 4 + stats
+        per_sample = ring_loss_bytes_per_sample(dim, elem)
     else:
-        per_sample = dim * 4 + stats
+        per_sample = dim * 4 + 2 * 4
     width = min(panel_width(local, local, dim, elem), local)
     panel = min(local, panel_rows(local, width, elem)) * width * elem
     return local * per_sample + panel
@@ -188,9 +201,8 @@ INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decode window", "off
 DEFAULT_IMAGE_BYTES = 32 * 1024
 # Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
 ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
-# Per decode process: its own Python heap beyond the shared pages of the forked rank (with
-# HOST_RESERVE_PER_RANK, fitted to docs/benchmarks/host_memory.json).
-DECODE_WORKER_RESERVE = GIB // 10
+# Per decode process: its own Python heap beyond the shared pages of the forked rank.
+DECODE_WORKER_RESERVE = int(_OVERHEADS["decode_worker_reserve_gib"] * GIB)
 # Shards read to measure the stored image size (their headers only: a few ms each).
 SHARDS_SAMPLED = 4
 
@@ -231,7 +243,6 @@ def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
     if recipe.data.host_batch == "decoded":
         return 0
     from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
-    from ..data.train import kept_rows
     workers = recipe.data.decode_workers
     if not workers or recipe.data.decoder == "nvjpeg":  # decoding in the training process: no window
         return 0
@@ -246,7 +257,6 @@ def device_window_rows(recipe: Recipe, local: int, image_size: int) -> int:
     data = recipe.data
     if data.host_batch == "decoded" or data.decoder not in ("nvjpeg", "hybrid"):
         return 0
-    from ..data.train import kept_rows
     from .timing import hybrid_gpu_share
     share = 1.0 if data.decoder == "nvjpeg" else data.gpu_decode_share
     if share == "auto":
@@ -259,7 +269,6 @@ def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
     auto: plan.auto_keep_gib): whole chunks."""
     if recipe.data.host_batch == "decoded":
         return 0
-    from ..data.train import kept_rows
     rows = min(local, kept_rows(recipe.data.keep_decoded_gib, image_size))
     return rows if rows == local else rows - rows % recipe.batch.chunk
 
@@ -268,7 +277,7 @@ def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
     """Samples a rank holds on the host: the local batch training and the next, which a
     thread assembles meanwhile (infcl_ds/data/train.py; page-locked at exactly its size), and
     the pieces of ``worker_batch`` samples its data workers have prefetched."""
-    return 2 * local + workers * DATALOADER_PREFETCH_FACTOR * min(worker_batch, local)
+    return LOCAL_BATCHES_HELD * local + workers * WORKER_PREFETCH_FACTOR * min(worker_batch, local)
 
 
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,

@@ -154,8 +154,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
                         if recipe.data.host_batch == "encoded" else None))
 
 
-# batch.chunk: auto. Powers of two up to this: ViT-B-16 steps were 8% faster at chunk 1024 than
-# at 256 on one H200 (issue 14's table); larger chunks only add activation memory.
+# batch.chunk: auto. Powers of two up to this: larger chunks make a step faster (measured:
+# docs/planner.md), but past this they only add activation memory.
 AUTO_CHUNK_MAX = 2048
 # Share of the GPU's memory the planned peak may take at the chosen chunk: room for what the
 # planner does not model (fragmentation beyond its reserve, other processes).

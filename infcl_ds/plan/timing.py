@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
+from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
 from .encoders import ModelEstimate
 from .errors import PlanError
@@ -67,19 +68,18 @@ MEASURED_ENCODER_RATES: Dict[str, EncoderRate] = {
 # is planned at its eager rate (compilation does not make it slower there).
 COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
     name: EncoderRate(**entry["compiled"]) for name, entry in _ENCODER_RATES.items() if "compiled" in entry}
-# ZeRO-3's eager encoder time over ZeRO-2's eager (its per-module hooks), measured on one H200:
-# ViT-B-16 at 32k, 20.20 s against 19.17 s (docs/benchmarks/vs_open_clip.json, 348ab6c). Across
-# GPUs its parameter gathers are communication as well: a floor. ZeRO-3 does not compile the towers.
-ZERO3_ENCODER_SLOWDOWN = 1.05
-# ZeRO-3's hooks run on the host around every module of every chunk pass. Chunks of 1,024 give the
-# GPU enough work to hide them (above); chunks of 256 do not: at 8k and 16k ViT-B-16 took
-# 0.096-0.117 s per no-grad chunk pass and 0.232-0.285 s per grad pass (one H200,
-# docs/benchmarks/planner_check.json at d4650dd). Their means are a floor per chunk pass that
-# does not depend on the model's FLOPs; ViT-B-16's, transferred to other models (the hooks' cost
-# grows with the module count: not measured for others).
-ZERO3_CHUNK_FLOOR_S = (0.106, 0.259)
+# Measured, with their sources: calibration/overheads.json.
+_OVERHEADS = read_json("calibration", "overheads.json")
+# ZeRO-3's eager encoder time over ZeRO-2's eager (its per-module hooks). Across GPUs its
+# parameter gathers are communication as well: a floor. ZeRO-3 does not compile the towers.
+ZERO3_ENCODER_SLOWDOWN = float(_OVERHEADS["zero3_encoder_slowdown"])
+# ZeRO-3's hooks run on the host around every module of every chunk pass. Large chunks give the
+# GPU enough work to hide them (above); small ones do not: the seconds per no-grad and per grad
+# chunk pass measured for ViT-B-16 are a floor that does not depend on the model's FLOPs,
+# transferred to other models (the hooks' cost grows with the module count: not measured for others).
+ZERO3_CHUNK_FLOOR_S = tuple(float(s) for s in _OVERHEADS["zero3_chunk_floor_s"])
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
-DEFAULT_ENCODER_TFLOPS = 254.0
+DEFAULT_ENCODER_TFLOPS = float(_OVERHEADS["default_encoder_tflops"])
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
 # Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
@@ -190,13 +190,6 @@ class RingHop:
     @property
     def hidden(self) -> bool:
         return self.comm_fwd <= self.compute_fwd and self.comm_bwd <= self.compute_bwd
-
-
-def hop_bytes(block: int, dim: int, elem: int) -> tuple:
-    """(forward, backward) bytes one rank sends per hop: the text block and its fp32 column
-    statistics; in the backward also the fp32 partial text gradient."""
-    forward = block * dim * elem + 4 * block
-    return forward, forward + 4 * block * dim
 
 
 def ring_hop(block: int, dim: int, elem: int, rate: float, forward_fraction: float, link: str,

@@ -237,8 +237,8 @@ def load_engine(engine, tag_dir: Path, trust: bool = False, source: Optional[Pat
             # DeepSpeed copies flat buffers back without checking their layout first.
             raise CheckpointError(
                 f"checkpoint {tag_dir} does not match this engine's parameters ({summarize(err)}): written for another "
-                "model, optimizer grouping or ZeRO stage, or a ZeRO-3 checkpoint written before 348ab6c "
-                "(another order of the optimizer groups; docs/training.md)") from None
+                "model, optimizer grouping or ZeRO stage, or a ZeRO-3 checkpoint of an older infcl_ds that "
+                "ordered the optimizer groups otherwise (docs/training.md)") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {tag_dir}")
 

@@ -51,7 +51,6 @@ def fill_env_from_launcher() -> None:
 
 DEFAULT_TIMEOUT_MIN = 30.0
 JOIN_TIMEOUT_MIN = 10.0
-TIMEOUT_EXIT_CODE = 3  # a collective timed out: a peer is stopped, wedged or dead
 _env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
 
 

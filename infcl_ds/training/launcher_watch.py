@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import List, NamedTuple, Optional
 
-LAUNCHER_GONE_EXIT = 4
+from .exits import LAUNCHER_GONE_EXIT
+
 LAUNCH_MODULE = "deepspeed.launcher.launch"
 POLL_S = 1.0
 GRACE_S = 20.0  # with POLL_S: every rank is gone well within 30 s of its launcher

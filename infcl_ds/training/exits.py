@@ -1,0 +1,61 @@
+"""How a rank of `infcl-ds train` ends: the exit statuses (EXIT_STATUSES, also `--help`'s) and
+the errors that map to them."""
+import os
+import sys
+
+from ..config import RecipeError
+from ..data.errors import DataError
+from ..parallel.ring import RingError
+from .divergence import DivergedError
+from .preflight import StartupError
+from .safe_load import CheckpointError
+
+DONE_EXIT = 0
+USER_ERROR_EXIT = 2
+COLLECTIVE_FAILURE_EXIT = 3
+LAUNCHER_GONE_EXIT = 4
+EXIT_STATUSES = (
+    "Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data, output "
+    "directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or timed out (a peer rank is "
+    "stopped, wedged or dead: one line naming this rank and its step); 4 the deepspeed launcher that started the "
+    "ranks went away (SIGINT/SIGTERM to it: every rank stops within 30 s, after a checkpoint being written; "
+    "training/launcher_watch.py).")
+
+# Errors that are the run's configuration or files, not a bug: one line, exit 2.
+USER_ERRORS = (RecipeError, DataError, CheckpointError, StartupError, DivergedError, FileNotFoundError)
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """A failed or timed-out collective (gloo, NCCL or the ring) rather than a bug here."""
+    if isinstance(err, RingError) or type(err).__name__ in ("DistError", "DistBackendError", "DistNetworkError"):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        word in text for word in ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "gloo"))
+
+
+def one_line(err: BaseException) -> str:
+    """The error's own message on one line; for an error re-raised from a data-loader worker
+    (whose message carries the worker's traceback) the original error's last line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if "Original Traceback" in str(err):
+        last = lines[-1]
+        return last.split(": ", 1)[1] if last.startswith(f"{type(err).__name__}: ") else last
+    return " ".join(lines)
+
+
+def exit_now(code: int) -> None:
+    """Leave at once: tearing the process group down would wait on the peer that failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def exit_collective_failure(err: BaseException, rank, phase: str, timeout_s: float) -> None:
+    """One line naming this rank, what it was doing and the failed operation; exit 3 at once."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
+          f"{timeout_s / 60:g} min): a peer rank is stopped, wedged or dead, see its log. {first}", file=sys.stderr)
+    exit_now(COLLECTIVE_FAILURE_EXIT)

@@ -1,0 +1,70 @@
+"""The recipe's `auto` values resolved for the device this rank runs on, by the planner."""
+import sys
+
+import deepspeed.comm as dist
+import torch
+
+from ..config import Recipe, RecipeError, check_world
+from ..data import DataError
+from ..plan.errors import PlanError
+from ..plan.plan import AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_keep_gib, recipe_with
+from ..plan.timing import hybrid_gpu_share
+
+
+def _gpu_memory_and_count(device: torch.device):
+    return torch.cuda.get_device_properties(device).total_memory, max(1, torch.cuda.device_count())
+
+
+def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
+    """The recipe with `batch.chunk: auto` replaced by the planner's choice for this GPU
+    (plan.auto_chunk), the smallest over the ranks (GPUs of different sizes in one job); every
+    rank plans the same recipe, so all raise alike before the collective. A collective: every
+    rank calls it."""
+    check_world(recipe, world)
+    if device.type == "cuda":
+        try:
+            chunk = auto_chunk(recipe, world, *_gpu_memory_and_count(device))
+        except PlanError as err:
+            raise RecipeError(f"recipe: {err}; set batch.chunk to a number") from err
+    else:
+        chunk = min(AUTO_CHUNK_CPU, recipe.local_batch(world))
+    if world > 1:
+        smallest = torch.tensor([chunk], device=device)  # NCCL takes CUDA tensors, gloo CPU ones
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+        chunk = int(smallest.item())
+    if rank == 0:
+        print(f"batch.chunk=auto: {chunk} samples per chunk", file=sys.stderr, flush=True)
+    return recipe_with(recipe, "batch", chunk=chunk)
+
+
+def resolve_auto_keep(recipe: Recipe, world: int, device: torch.device) -> Recipe:
+    """The recipe with `data.keep_decoded_gib: auto` replaced by the planner's choice for this GPU
+    (plan.auto_keep_gib; AUTO_KEEP_CPU_GIB on CPU ranks). Ranks may differ: what a rank keeps
+    changes how often it decodes, never its pixels."""
+    if recipe.data.keep_decoded_gib != "auto":
+        return recipe
+    if device.type == "cuda":
+        gib = auto_keep_gib(recipe, world, *_gpu_memory_and_count(device))
+    else:
+        gib = AUTO_KEEP_CPU_GIB
+    return recipe_with(recipe, "data", keep_decoded_gib=gib)
+
+
+def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
+    """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank. The recipe
+    with hybrid's `data.gpu_decode_share: auto` replaced by the planner's share
+    (plan.hybrid_gpu_share: the measured rates of the GPU and of the decode processes)."""
+    data = recipe.data
+    if data.host_batch != "encoded" or data.decoder not in ("nvjpeg", "hybrid"):
+        return recipe
+    if device.type != "cuda":
+        raise DataError(f"data.decoder={data.decoder} decodes on the GPU and this rank runs on {device.type}: "
+                        "use data.decoder=pil")
+    if data.decoder == "hybrid" and data.gpu_decode_share == "auto":
+        return recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(data.decode_workers))
+    return recipe
+
+
+def resolve_data(recipe: Recipe, world: int, device: torch.device) -> Recipe:
+    """The data section's `auto` values for this rank (the recipe saved with the run keeps them)."""
+    return resolve_decoder(resolve_auto_keep(recipe, world, device), device)
