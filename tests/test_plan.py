@@ -571,3 +571,18 @@ def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(cap
     assert "data.decode_workers=" not in decoding and "decode processes per rank would be needed" in decoding
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", "--gpu-memory", "24GiB"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-2].endswith("of 24 GiB")
+
+
+def test_decodes_follow_the_engines_passes():
+    """Two passes decode every row twice (less the kept ones); a local batch of one chunk is
+    encoded once (engine.step.engine_passes), and decoded once, unless ZeRO-3 forces two."""
+    from infcl_ds.config import load_recipe
+    from infcl_ds.engine.step import engine_passes
+    from infcl_ds.plan.timing import input_rate
+    base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024"]
+    chunked = load_recipe(None, [*base, "batch.chunk=256"])
+    assert input_rate(chunked, 1024, 1.0, kept_rows=512).needed == 2 * 1024 - 512
+    one = load_recipe(None, [*base, "batch.chunk=1024"])
+    assert engine_passes(1, 2) == 1 and input_rate(one, 1024, 1.0).needed == 1024
+    zero3 = load_recipe(None, [*base, "batch.chunk=1024", "zero.stage=3", "model.compile=false"])
+    assert engine_passes(1, 3) == 2 and input_rate(zero3, 1024, 1.0).needed == 2 * 1024

@@ -36,6 +36,17 @@ def _set_rng_state(state, device):
         torch.cuda.set_rng_state(state[1], device)
 
 
+def engine_passes(chunks: int, zero_stage: int, offload_features: bool = False, verify_replay: bool = False) -> int:
+    """Passes of the towers over a local batch of `chunks` chunks: 1 for a batch of one chunk,
+    encoded once with grad and its graph kept through the loss (3 passes of forward-sized work
+    instead of 4, the same gradients); else 2 (without grad, then with grad). Not one under
+    ZeRO-3 (the loss phase gathers the logit scale between the forward and the backward of a
+    partitioned model), nor with feature offload or the replay check, which exist for the
+    chunked path. The planner counts decodes with it."""
+    one = chunks == 1 and zero_stage < 3 and not offload_features and not verify_replay
+    return 1 if one else 2
+
+
 class ContrastiveEngine:
     """Wraps a DeepSpeed engine around an open_clip-style model: ``forward(image, text)``
     giving normalised features and exp(logit_scale) as open_clip's CLIP does, or just
@@ -207,12 +218,7 @@ class ContrastiveEngine:
         return loss
 
     def _one_pass_allowed(self) -> bool:
-        """A local batch of one chunk is encoded once, with grad, and its graph kept through the
-        loss: 3 passes instead of 4 (no-grad forward, forward, backward), the same gradients.
-        Not under ZeRO-3 (the loss phase gathers the logit scale between the forward and the
-        backward of a partitioned model), nor with feature offload or the replay check, which
-        exist for the chunked path."""
-        return self.engine.zero_optimization_stage() < 3 and not self.offload_features and not self.verify_replay
+        return engine_passes(1, self.engine.zero_optimization_stage(), self.offload_features, self.verify_replay) == 1
 
     def _forward_backward_one_chunk(self, batch, chunk, device):
         lo, hi = chunk  # one chunk: its gradients need no fp32 sum across chunks

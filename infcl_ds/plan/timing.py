@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
+from ..engine.step import engine_passes
 from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
 from .encoders import ModelEstimate
@@ -349,7 +350,8 @@ class InputRate:
 
 def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
     """Decodes a step needs: every row in the first pass, and again in the second unless its
-    chunk was kept decoded on the GPU (`kept_rows`)."""
+    chunk was kept decoded on the GPU (`kept_rows`); once for a local batch that the engine
+    encodes in one pass (engine.step.engine_passes)."""
     workers, decoder = recipe.data.decode_workers, recipe.data.decoder
     per_worker = DECODE_RATES_PER_WORKER["pil" if decoder in ("nvjpeg", "hybrid") else decoder]
     if decoder == "nvjpeg":  # no decode processes
@@ -358,6 +360,9 @@ def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: in
         available = workers * per_worker + NVJPEG_RATE_PER_GPU
     else:  # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps)
         available = max(workers, 1) * per_worker
-    decodes = 2 * local_batch - kept_rows
+    chunk = recipe.batch.chunk
+    chunks = -(-local_batch // chunk) if isinstance(chunk, int) else 2  # auto: resolved later; count two passes
+    passes = engine_passes(chunks, recipe.zero.stage, recipe.batch.offload_features)
+    decodes = local_batch if passes == 1 else 2 * local_batch - kept_rows
     return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers,
                      per_worker=per_worker, device_rate=NVJPEG_RATE_PER_GPU if decoder in ("nvjpeg", "hybrid") else 0.0)
