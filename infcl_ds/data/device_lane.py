@@ -105,8 +105,10 @@ class DeviceLane:
             self._cond.notify_all()
             if entry.state == "failed":
                 raise entry.error
-            if entry.state != "ready":
+            if self._closed is not None:
                 raise DataError(f"the GPU decoder's lane {self._closed}")
+            if entry.state == "dropped":  # its batch was let go meanwhile: the caller decodes it
+                return None
             result = entry.result
         return handed_over(result)
 
