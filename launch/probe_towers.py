@@ -20,22 +20,43 @@ from infcl_ds.engine.compile import compile_encoders
 from infcl_ds.engine.towers import fast_tower_modules
 from infcl_ds.models import create_model
 
-VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark
-    ("eager", False, False, False, False),
-    ("eager+packed+patch_gemm", False, True, True, False),
-    ("compiled", True, False, False, False),
-    ("compiled+cudnn_benchmark", True, False, False, True),
-    ("compiled+packed", True, True, False, False),
-    ("compiled+packed+patch_gemm", True, True, True, False),
-    ("compiled+packed+cudnn_benchmark", True, True, False, True),
+VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark, float8 linears
+    ("eager", False, False, False, False, False),
+    ("eager+packed+patch_gemm", False, True, True, False, False),
+    ("compiled", True, False, False, False, False),
+    ("compiled+cudnn_benchmark", True, False, False, True, False),
+    ("compiled+packed", True, True, False, False, False),
+    ("compiled+packed+patch_gemm", True, True, True, False, False),
+    ("compiled+packed+cudnn_benchmark", True, True, False, True, False),
+    # torchao's float8 training (rowwise scales) on every nn.Linear whose sides are multiples of 16
+    ("compiled+packed+patch_gemm+float8", True, True, True, False, True),
 ]
 
 
-def run(name, chunk, k, compiled, packed, patch_gemm, benchmark):
+def to_float8(model):
+    """torchao's float8 training on the towers' linear layers (rowwise scaling), in place; the
+    number of layers converted. torchao is imported here only: the other variants need none."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    converted = []
+
+    def wanted(module, fqn):
+        ok = (isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0
+              and module.out_features % 16 == 0)
+        if ok:
+            converted.append(fqn)
+        return ok
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
+                               module_filter_fn=wanted)
+    return len(converted)
+
+
+def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
     torch._dynamo.reset()
     torch.backends.cudnn.benchmark = benchmark
     model = create_model(name, seed=0).cuda().bfloat16()
     fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
+    float8_layers = to_float8(model) if float8 else 0
     if compiled:
         compile_encoders(model)
     size = model.visual.preprocess_cfg["size"]
@@ -70,7 +91,7 @@ def run(name, chunk, k, compiled, packed, patch_gemm, benchmark):
     feats = torch.cat([rounds[-1][2][:64].float(), rounds[-1][3][:64].float()], 1).cpu()
     del model
     torch.cuda.empty_cache()
-    return {"first_round_s": first, "nograd_chunk_s": nograd, "grad_chunk_s": grad,
+    return {"float8_layers": float8_layers, "first_round_s": first, "nograd_chunk_s": nograd, "grad_chunk_s": grad,
             "s_per_sample_4_passes": (nograd + grad) / chunk,
             "peak_mib": torch.cuda.max_memory_allocated() / 2**20}, feats
 
