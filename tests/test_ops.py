@@ -8,6 +8,8 @@ from infcl_ds.ops.block import block_backward, panel_width
 from devices import EXACT
 from reference import random_features, rel_err
 
+pytestmark = pytest.mark.gpu
+
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("n_a,n_b,D", [(1, 300, 8), (300, 1, 80), (65, 257, 96), (200, 70, 640)])
