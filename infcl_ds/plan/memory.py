@@ -27,7 +27,7 @@ from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
 from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
-from ..ops.block import panel_rows, panel_width
+from ..ops.g_tiles import panel_rows, panel_width
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample
 from ..resources import read_json
 from .encoders import ModelEstimate
@@ -127,7 +127,7 @@ def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
 
     Over several ranks: the ring's buffers (parallel/ring_bytes.py). On one GPU (ops/clip.py):
     the fp32 image gradient and the row and column statistics saved by the forward. Both: the
-    kernels' G tile (ops/block.py; features' dtype on the GPU), which is capped at
+    kernels' G tile (ops/g_tiles.py; features' dtype on the GPU), which is capped at
     PANEL_MAX_BYTES.
     """
     if world > 1:
