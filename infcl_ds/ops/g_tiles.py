@@ -6,7 +6,7 @@ ops/siglip.py supply the kernels that fill G.
 """
 import contextlib
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -31,6 +31,22 @@ def panel_rows(n_a: int, width: int, bytes_per_elem: int) -> int:
     256 rows that does (at least 256)."""
     rows = PANEL_MAX_BYTES // (max(width, 1) * bytes_per_elem)
     return int(max(1, min(n_a, max(256, rows // 256 * 256))))
+
+
+def g_tile_shape(n_a: int, n_b: int, dim: int, g_bytes: int, panel: Optional[int] = None,
+                 rows: Optional[int] = None) -> Tuple[int, int]:
+    """(rows, columns) of the G tile for a block of n_a x n_b, G taking ``g_bytes`` per element;
+    ``panel``/``rows`` given (tests) instead of derived from memory."""
+    width = min(panel or panel_width(n_a, n_b, dim, g_bytes), n_b)
+    return min(rows or panel_rows(n_a, width, g_bytes), n_a), width
+
+
+def g_tile_bytes(n_a: int, n_b: int, dim: int, elem: int) -> int:
+    """Bytes of the G tile walk_g_tiles allocates on a GPU for a block of n_a x n_b with gradients
+    (Triton writes G in the features' ``elem``-byte dtype), for the planner: at most about
+    PANEL_MAX_BYTES whatever the block."""
+    height, width = g_tile_shape(n_a, n_b, dim, elem)
+    return height * width * elem
 
 
 @contextlib.contextmanager
@@ -94,21 +110,19 @@ def walk_g_tiles(a, b, fill, total: torch.Tensor, coef: float, *, diag: bool,
     its partial sums (any tensor); they are added into ``total``, which is returned.
     diag_offset: None when the tile holds no positive pair, else row m pairs with tile
     column m - diag_offset. backend: already resolved ("triton" or "torch").
-    grad_a/grad_b: as for ops/block.py's block_backward; both None walks the tiles for ``total`` only
-    (nothing multiplied out; ``g`` may then be a scratch buffer the fill ignores).
+    grad_a/grad_b: as for ops/block.py's block_backward; both None walks the tiles for
+    ``total`` only (nothing multiplied out; ``g`` may then be a scratch buffer the fill ignores).
     """
     n_a, n_b = a.shape[0], b.shape[0]
     # Triton writes G in the features' dtype for the tensor cores; the CPU path keeps fp32.
     g_dtype = a.dtype if backend == "triton" else torch.float32
     g_bytes = g_dtype.itemsize if backend == "triton" else 12
-    width = panel or panel_width(n_a, n_b, a.shape[1], g_bytes)
-    height = rows or panel_rows(n_a, min(width, n_b), g_bytes)
+    height, width = g_tile_shape(n_a, n_b, a.shape[1], g_bytes, panel, rows)
     with_grads = grad_a is not None
     # Without gradients a 1-element scratch stands in for G (a kernel argument must point somewhere).
-    g_shape = (min(height, n_a), min(width, n_b)) if with_grads else (1, 1)
-    g_buf = torch.empty(g_shape, device=a.device, dtype=g_dtype)
+    g_buf = torch.empty((height, width) if with_grads else (1, 1), device=a.device, dtype=g_dtype)
     sliced = with_grads and height < n_a and grad_b.dtype != torch.float32
-    b_sum = torch.empty((min(width, n_b), b.shape[1]), device=a.device, dtype=torch.float32) if sliced else None
+    b_sum = torch.empty((width, b.shape[1]), device=a.device, dtype=torch.float32) if sliced else None
     with _matmul_precision(allow_tf32):
         for j0 in range(0, n_b, width):
             b_panel = b[j0:j0 + width]
