@@ -8,6 +8,7 @@ cuDNN's TF32 convolutions are off."""
 import functools
 import os
 
+import pytest
 import torch
 
 GPU = os.environ.get("INFCL_DS_TEST_DEVICE", "cpu") == "cuda"
@@ -16,10 +17,17 @@ DIST_BACKEND = "nccl" if GPU else "gloo"
 EXACT = {"allow_tf32": False} if GPU else {}
 
 
-def exact_loss():
-    """The engine's loss with IEEE fp32 products, whatever the float32 matmul precision."""
-    from infcl_ds import contrastive_loss
-    return functools.partial(contrastive_loss, **EXACT)
+def exact_loss(loss: str = "clip"):
+    """The engine's loss ("clip" or "siglip") with IEEE fp32 products, whatever the float32
+    matmul precision."""
+    from infcl_ds import contrastive_loss, sigmoid_loss
+    return functools.partial({"clip": contrastive_loss, "siglip": sigmoid_loss}[loss], **EXACT)
+
+
+def cpu_only(why: str):
+    """For a test of a gpu-marked file that checks CPU-side behaviour only (gloo's fault
+    handling, a CPU program in subprocesses): skipped under --gpu, saying why."""
+    return pytest.mark.skipif(GPU, reason=f"CPU only: {why}")
 
 
 def setup_rank(rank: int) -> None:

@@ -3,11 +3,14 @@
 # (Triton kernels through TRITON_INTERPRET=1, DeepSpeed on gloo ranks over 127.0.0.1).
 #
 #   bash tests/run.sh [PYTEST ARGS]          # the whole suite on CPU
-#   bash tests/run.sh --gpu [PYTEST ARGS]    # kernel, ring and engine tests on CUDA
+#   bash tests/run.sh --gpu [PYTEST ARGS]    # the tests marked gpu, on CUDA
 #
-# --gpu: the same tests against the same float64 references, but compiled (no interpreter),
+# --gpu: the tests marked `gpu` (kernels, rings, losses and drop-ins, engine, towers;
+# tests/README.md lists them) against the same float64 references, but compiled (no interpreter),
 # bf16 on the tensor cores, NCCL ranks one GPU each (tests/devices.py); tests needing more
-# ranks than there are GPUs are skipped (the ring goes up to 4 ranks, the engine uses 2).
+# ranks than there are GPUs are skipped (the ring goes up to 4 ranks, the engine uses 2), and
+# so are the marked files' gloo-only cases. A marker, not a file list: tests/test_gpu_marker.py
+# fails when a test file of the kernels, rings, losses or engine carries none.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
@@ -32,8 +35,7 @@ if [ "$gpu" = 1 ]; then
   fi
   unset TRITON_INTERPRET DS_ACCELERATOR
   export INFCL_DS_TEST_DEVICE=cuda
-  exec "$python" -m pytest -q tests/test_ops.py tests/test_loss.py tests/test_ring.py tests/test_engine.py \
-    tests/test_engine_optim.py tests/test_engine_openclip.py tests/test_engine_precision.py "$@"
+  exec "$python" -m pytest -q -m gpu "$@"
 fi
 bash "$root/launch/setup.sh"
 # OpenMPI (Debian's packages) for the mpirun launch test; a no-op when mpirun exists.

@@ -1,7 +1,8 @@
 """infcl_ds.ClipLoss against open_clip's ClipLoss(local_loss=True, gather_with_grad=True) on
 gloo ranks: same parameter gradients after DDP-style averaging, and a loss equal to the mean
 of open_clip's per-rank losses (relative 1e-5, fp32); inside an OpenCLIP-style torch.distributed
-program: quiet, fast and without DeepSpeed."""
+program: quiet, fast and without DeepSpeed. The tests marked gpu also run on CUDA (NCCL ranks,
+tests/devices.py); the rest check flags and CPU programs, the same on any machine."""
 import os
 import subprocess
 import sys
@@ -11,13 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from devices import DEVICE
 from dist_utils import run_ranks
 from infcl_ds.bench.common import free_port
 
 
 def _encoders(seed):
     torch.manual_seed(seed)
-    return torch.nn.Linear(12, 16), torch.nn.Linear(10, 16), torch.nn.Parameter(torch.tensor(2.3))
+    return (torch.nn.Linear(12, 16).to(DEVICE), torch.nn.Linear(10, 16).to(DEVICE),
+            torch.nn.Parameter(torch.tensor(2.3, device=DEVICE)))
 
 
 def _step(rank, world, impl):
@@ -32,7 +35,7 @@ def _step(rank, world, impl):
         loss_fn = ClipLoss(local_loss=True, gather_with_grad=True, rank=rank, world_size=world)
     image_enc, text_enc, logit_scale = _encoders(0)
     g = torch.Generator().manual_seed(100 + rank)
-    images, texts = torch.randn(9, 12, generator=g), torch.randn(9, 10, generator=g)
+    images, texts = (torch.randn(9, n, generator=g).to(DEVICE) for n in (12, 10))
     image_features = F.normalize(image_enc(images), dim=-1)
     text_features = F.normalize(text_enc(texts), dim=-1)
     loss = loss_fn(image_features, text_features, logit_scale.exp())
@@ -42,11 +45,12 @@ def _step(rank, world, impl):
     for p in params:  # what DDP does: average across ranks
         torch_dist.all_reduce(p.grad)
         grads.append(p.grad / world)
-    losses = [torch.zeros(()) for _ in range(world)]
+    losses = [torch.zeros((), device=DEVICE) for _ in range(world)]
     torch_dist.all_gather(losses, loss.detach())
     return {"loss": loss.item(), "all_losses": [x.item() for x in losses], "grads": grads}
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 3])
 def test_drop_in_for_open_clip(world):
     ours = run_ranks(_step, world, "infcl_ds")
@@ -66,6 +70,7 @@ def test_rejects_horovod_and_a_non_scalar_logit_bias():
         ClipLoss()(torch.randn(3, 4), torch.randn(3, 4), torch.tensor(1.0), logit_bias=torch.zeros(3))
 
 
+@pytest.mark.gpu
 def test_scalar_logit_bias_cancels_like_open_clips():
     """open_clip adds the bias to every logit; the loss and the features' and scale's
     gradients do not change, and the bias gets open_clip's (zero) gradient."""
@@ -73,17 +78,17 @@ def test_scalar_logit_bias_cancels_like_open_clips():
 
     from infcl_ds import ClipLoss
     g = torch.Generator().manual_seed(3)
-    feats = [torch.randn(7, 5, generator=g) for _ in range(2)]
+    feats = [torch.randn(7, 5, generator=g).to(DEVICE) for _ in range(2)]
     results = []
     for loss_fn in (ClipLoss(), OpenClipLoss()):
         image, text = (f.clone().requires_grad_() for f in feats)
-        scale, bias = torch.tensor(3.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
+        scale, bias = (torch.tensor(v, device=DEVICE, requires_grad=True) for v in (3.0, -10.0))
         loss = loss_fn(image, text, scale, logit_bias=bias, output_dict=True)["contrastive_loss"]
         loss.backward()
         results.append((loss.detach(), image.grad, text.grad, scale.grad, bias.grad))
     for ours, theirs in zip(*results):  # fp32; the bias's gradient is 0 up to rounding in open_clip's
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours, theirs)
-    assert ClipLoss()(*feats, torch.tensor(3.0), logit_bias=-10.0) == results[0][0]
+    assert ClipLoss()(*feats, torch.tensor(3.0, device=DEVICE), logit_bias=-10.0) == results[0][0]
 
 
 def test_keeps_open_clips_attributes_and_get_logits():

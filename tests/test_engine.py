@@ -11,6 +11,8 @@ from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
 
+pytestmark = pytest.mark.gpu
+
 GLOBAL, LOCAL, CHUNK = 14, 7, 3
 
 

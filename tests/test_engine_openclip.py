@@ -13,6 +13,8 @@ from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
 
+pytestmark = pytest.mark.gpu
+
 GLOBAL, LOCAL, CHUNK, LR = 12, 6, 2, 0.1
 IMAGE, CONTEXT, VOCAB = 16, 16, 49408  # infcl-tiny's config
 

@@ -1,10 +1,13 @@
 """OpenCLIP's decay rule and CLIP's AdamW defaults, decided on the unwrapped model."""
 import math
 
+import pytest
 import torch
 
 from infcl_ds.config.recipe import OptimizerSection
 from infcl_ds.engine.optim import clip_adamw, clip_param_groups
+
+pytestmark = pytest.mark.gpu
 
 
 class M(torch.nn.Module):

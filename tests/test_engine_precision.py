@@ -4,11 +4,14 @@ One rank (a group of one is still the full DeepSpeed path: ZeRO-2 partitions ove
 """
 import math
 
+import pytest
 import torch
 
 from devices import exact_loss
 from dist_utils import run_ranks
 from reference import full_logits_loss
+
+pytestmark = pytest.mark.gpu
 
 N, CHUNK = 512, 1  # 512 chunks: enough for a bf16 running sum to lose the late ones
 

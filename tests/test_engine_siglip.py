@@ -9,8 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from devices import exact_loss
 from dist_utils import run_ranks
 from test_engine import Tiny
+
+pytestmark = pytest.mark.gpu
 
 GLOBAL, LOCAL, CHUNK = 14, 7, 3
 
@@ -53,7 +56,7 @@ def _engine_run(rank, world, stage, kind):
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
     step = ContrastiveEngine.create(model, config, CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                                    loss="siglip")
+                                    loss="siglip", loss_fn=exact_loss("siglip"))
     out = {"loss": step.forward_backward(*local).item()}
     out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
     step.engine.step()

@@ -14,6 +14,8 @@ from infcl_ds import ContrastiveLoss, contrastive_loss
 from devices import EXACT
 from reference import clip_loss_reference, random_features, rel_err
 
+pytestmark = pytest.mark.gpu
+
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (1e-4, 1e-2, 1e-3), torch.float16: (1e-4, 1e-2, 1e-3)}
 
 SHAPES = [  # (B, D): B=1, tiny, not multiples of the tile, D not powers of two

@@ -3,10 +3,13 @@ import pytest
 import torch
 
 from infcl_ds.ops import block_lse
-from infcl_ds.ops import block
-from infcl_ds.ops.block import block_backward, panel_width
+from infcl_ds.ops import g_tiles
+from infcl_ds.ops.block import block_backward
+from infcl_ds.ops.g_tiles import panel_width
 from devices import EXACT
 from reference import random_features, rel_err
+
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -68,7 +71,7 @@ def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
 
 
 def test_g_tile_is_capped_whatever_the_batch():
-    from infcl_ds.ops.block import PANEL_MAX_BYTES, panel_rows
+    from infcl_ds.ops.g_tiles import PANEL_MAX_BYTES, panel_rows
     for n_a in (1, 1000, 1 << 17, 1 << 20, 12 << 20):
         width = min(panel_width(n_a, n_a, 768, 2), n_a)
         rows = panel_rows(n_a, width, 2)
@@ -87,22 +90,22 @@ def test_panel_width_is_bounded_by_memory():
 def test_addmm_capability_is_probed_once_and_a_real_error_propagates(monkeypatch):
     """The fp32-accumulating addmm is chosen by a cached probe on 2 x 2 tensors; an error of a
     production call (here a simulated out-of-memory) reaches the caller and changes nothing."""
-    block.addmm_takes_out_dtype.cache_clear()
-    first = block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32)
-    assert block.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32) is first
-    assert block.addmm_takes_out_dtype.cache_info().misses == 1
+    g_tiles.addmm_takes_out_dtype.cache_clear()
+    first = g_tiles.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32)
+    assert g_tiles.addmm_takes_out_dtype(torch.device("cpu"), torch.bfloat16, torch.float32) is first
+    assert g_tiles.addmm_takes_out_dtype.cache_info().misses == 1
     out, x, y = torch.zeros(3, 4), torch.ones(3, 5, dtype=torch.bfloat16), torch.ones(5, 4, dtype=torch.bfloat16)
-    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: True)
+    monkeypatch.setattr(g_tiles, "_direct_accumulation", lambda *args: True)
 
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with monkeypatch.context() as m:
         m.setattr(torch, "addmm", out_of_memory)
         with pytest.raises(RuntimeError, match="out of memory"):
-            block.gemm_into(out, x, y, 1.0, accumulate=False)
-    assert block.addmm_takes_out_dtype.cache_info().misses == 1
-    monkeypatch.setattr(block, "_direct_accumulation", lambda *args: False)
-    block.gemm_into(out, x, y, 2.0, accumulate=False)  # the fp32-temporary path
+            g_tiles.gemm_into(out, x, y, 1.0, accumulate=False)
+    assert g_tiles.addmm_takes_out_dtype.cache_info().misses == 1
+    monkeypatch.setattr(g_tiles, "_direct_accumulation", lambda *args: False)
+    g_tiles.gemm_into(out, x, y, 2.0, accumulate=False)  # the fp32-temporary path
     assert torch.equal(out, torch.full((3, 4), 10.0))
 
 

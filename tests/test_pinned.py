@@ -1,6 +1,6 @@
 """Exact-size page-locked host tensors (infcl_ds/data/pinned.py) and the batch assembled ahead
-on a thread (infcl_ds/data/train.py). The CUDA half runs where a GPU is (the lent machines:
-`python3 -m pytest tests/test_pinned.py`); on CPU the tensors are plain host memory."""
+on a thread (infcl_ds/data/train.py). The CUDA half runs where a GPU is (marked gpu:
+`bash tests/run.sh --gpu`); on CPU the tensors are plain host memory."""
 import gc
 
 import pytest
@@ -19,6 +19,7 @@ def test_plain_host_tensor_without_cuda():
     assert pinned_empty((0, 4), torch.int64).numel() == 0
 
 
+@pytest.mark.gpu
 @cuda
 def test_page_locked_exactly_and_copies_asynchronously():
     n = (1 << 20) * 3 + 5  # not a power of two: torch's pinned allocator would round it up
@@ -35,6 +36,7 @@ def test_page_locked_exactly_and_copies_asynchronously():
     assert pinned_empty((n,), torch.uint8).is_pinned()
 
 
+@pytest.mark.gpu
 @cuda
 def test_batches_assembled_ahead_are_page_locked():
     from data_section import data_section

@@ -246,8 +246,8 @@ def test_first_step_has_a_nonzero_rate_and_moves_the_weights(tmp_path):
     assert lr_ratio(21, 40, 20, 0.0) == 1.0 and lr_ratio(40, 40, 20, 0.0) > 0
 
 
-@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="NCCL needs two GPUs"))])
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")])])
 def test_stopped_peer_ends_the_job_within_the_timeout(tmp_path, backend):
     # Two ranks, a one-minute timeout; rank 1 is stopped mid-run. Rank 0 must leave within the
     # timeout plus 30 s. gloo: one line naming itself, its step and the operation, status 3.

@@ -9,9 +9,11 @@ import time
 import pytest
 import torch
 
-from devices import DEVICE, EXACT, GPU
+from devices import DEVICE, EXACT, GPU, cpu_only
 from dist_utils import run_ranks
 from reference import clip_loss_reference, random_features, rel_err
+
+pytestmark = pytest.mark.gpu
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (1e-4, 1e-2, 1e-3)}
 
@@ -147,7 +149,7 @@ def _peer_fails(rank, world, how, phase):
     return ("finished", "", time.monotonic() - t0)
 
 
-@pytest.mark.skipif(GPU, reason="fault behaviour on gloo; NCCL surfaces failures later (docs/semantics.md)")
+@cpu_only("fault behaviour on gloo; NCCL surfaces failures later (docs/semantics.md)")
 @pytest.mark.parametrize("phase,how", [("forward", "dies"), ("forward", "raises"), ("forward", "hangs"),
                                        ("backward", "dies"), ("backward", "raises")])
 def test_dead_failing_or_stuck_peer_stops_the_others_with_a_clear_error(phase, how):

@@ -1,7 +1,10 @@
 """sigmoid_loss and the SigLipLoss drop-in against a float64 reference over the B x B logits:
 the loss, both feature gradients, and the scale and bias gradients, through the Triton
 kernel (interpreter) and the CPU PyTorch path; the ring on gloo ranks (W = 1-4) against one
-process; the drop-in against open_clip's SigLipLoss after DDP-style averaging.
+process; the drop-in against open_clip's SigLipLoss after DDP-style averaging. Under
+--gpu the same on CUDA (tests/devices.py): every tensor a loss sees, the scale and bias
+included, is made on the test device, as the loss refuses a scale or bias on another
+device than the features.
 
 Tolerances (norm-wise relative): fp32 loss 1e-6, feature gradients 1e-5, scale 1e-4 (its
 gradient sums G * logits with both signs, so fp32 dot-product rounding loses a digit or
@@ -11,19 +14,27 @@ feature gradients 1e-2 (G and the gradients are stored in bf16: ~2^-9 per elemen
 import pytest
 import torch
 
+from devices import DEVICE, EXACT
 from dist_utils import run_ranks
 from reference import random_features, rel_err, siglip_loss_reference
+
+pytestmark = pytest.mark.gpu
 
 TOL = {torch.float32: (1e-6, 1e-5, 1e-4, 1e-5), torch.bfloat16: (1e-5, 1e-2, 1e-3, 1e-3)}
 
 SHAPES = [(1, 8), (2, 80), (37, 96), (130, 640), (257, 80)]  # B=1; B, D off the tile sizes
 
 
+def scalar(value, **kw):
+    """A logit scale or bias on the test device, beside the features."""
+    return torch.tensor(value, device=DEVICE, **kw)
+
+
 def check(image, text, s, b, tol=None, **kw):
     from infcl_ds import sigmoid_loss
     image, text = image.clone().requires_grad_(), text.clone().requires_grad_()
-    scale, bias = torch.tensor(s, requires_grad=True), torch.tensor(b, requires_grad=True)
-    loss = sigmoid_loss(image, text, scale, bias, **kw)
+    scale, bias = scalar(s, requires_grad=True), scalar(b, requires_grad=True)
+    loss = sigmoid_loss(image, text, scale, bias, **{**EXACT, **kw})
     loss.backward()
     ref_loss, ref_i, ref_t, ref_s, ref_b = siglip_loss_reference(image, text, scale, bias)
     tol_loss, tol_feat, tol_scale, tol_bias = tol or TOL[image.dtype]
@@ -72,12 +83,13 @@ def test_without_grad_and_with_an_upstream_gradient(backend):
     image, text = random_features(70, 80, torch.float32, 9), random_features(70, 80, torch.float32, 10)
     ref_loss, ref_i, _, ref_s, ref_b = siglip_loss_reference(image, text, torch.tensor(10.0), torch.tensor(-5.0))
     with torch.no_grad():
-        assert abs(sigmoid_loss(image, text, 10.0, -5.0, backend=backend).item() - ref_loss.item()) <= 1e-6 * ref_loss.item()
+        loss = sigmoid_loss(image, text, 10.0, -5.0, backend=backend, **EXACT)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * ref_loss.item()
     # Only the image needs a gradient, and the loss is scaled downstream.
     image.requires_grad_()
-    scale = torch.tensor([10.0])  # a 1-element scale keeps its shape
-    bias = torch.tensor(-5.0, requires_grad=True)
-    (3 * sigmoid_loss(image, text, scale, bias, backend=backend)).backward()
+    scale = scalar([10.0])  # a 1-element scale keeps its shape
+    bias = scalar(-5.0, requires_grad=True)
+    (3 * sigmoid_loss(image, text, scale, bias, backend=backend, **EXACT)).backward()
     assert rel_err(image.grad, 3 * ref_i) <= 1e-5 and rel_err(bias.grad, 3 * ref_b) <= 1e-5
     assert scale.grad is None
 
@@ -102,7 +114,7 @@ def _grads_twice(sigmoid_loss, group=None, seed=11, **kw):
     """(first gradients, second with retain_graph, create_graph's error) of one loss; the
     features are seed's and seed+1's 37 x 80 rows, the whole batch or this rank's slice."""
     image, text = (random_features(37, 80, torch.float32, seed + k).requires_grad_() for k in (0, 1))
-    scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-5.0, requires_grad=True)
+    scale, bias = scalar(10.0, requires_grad=True), scalar(-5.0, requires_grad=True)
     inputs = (image, text, scale, bias)
     loss = sigmoid_loss(image, text, scale, bias, group, **kw)
     first = [g.clone() for g in torch.autograd.grad(loss, inputs, retain_graph=True)]
@@ -172,8 +184,8 @@ def _ring_cases(rank, world, cases, group_ranks=None):
         lo = sum(sizes[:pos])
         image = random_features(total, D, dtype, seed)[lo:lo + sizes[pos]].clone().requires_grad_()
         text = random_features(total, D, dtype, seed + 1)[lo:lo + sizes[pos]].clone().requires_grad_()
-        scale, bias = torch.tensor(s, requires_grad=True), torch.tensor(b, requires_grad=True)
-        loss = sigmoid_loss(image, text, scale, bias, group=group, backend=backend, **(tiles or {}))
+        scale, bias = scalar(s, requires_grad=True), scalar(b, requires_grad=True)
+        loss = sigmoid_loss(image, text, scale, bias, group=group, backend=backend, **EXACT, **(tiles or {}))
         loss.backward()
         out.append((loss.item(), image.grad, text.grad, scale.grad, bias.grad))
     return out
@@ -222,7 +234,7 @@ def test_ring_on_a_subgroup_follows_group_order():
 
 def _mismatch(rank, world, kind):
     from infcl_ds import sigmoid_loss
-    image, text = torch.randn(8, 16), torch.randn(8, 16)
+    image, text = torch.randn(8, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
     bias = -10.0
     if kind == "bias" and rank == 1:
         bias = -9.0
@@ -260,10 +272,10 @@ def _drop_in_steps(rank, world):
                 from infcl_ds import SigLipLoss
             loss_fn = SigLipLoss(rank=rank, world_size=world, dist_impl=impl)
             torch.manual_seed(0)
-            image_enc, text_enc = torch.nn.Linear(12, 16), torch.nn.Linear(10, 16)
-            logit_scale, logit_bias = torch.nn.Parameter(torch.tensor(2.3)), torch.nn.Parameter(torch.tensor(-4.0))
+            image_enc, text_enc = torch.nn.Linear(12, 16).to(DEVICE), torch.nn.Linear(10, 16).to(DEVICE)
+            logit_scale, logit_bias = torch.nn.Parameter(scalar(2.3)), torch.nn.Parameter(scalar(-4.0))
             g = torch.Generator().manual_seed(100 + rank)
-            images, texts = torch.randn(9, 12, generator=g), torch.randn(9, 10, generator=g)
+            images, texts = (torch.randn(9, n, generator=g).to(DEVICE) for n in (12, 10))
             loss = loss_fn(F.normalize(image_enc(images), dim=-1), F.normalize(text_enc(texts), dim=-1),
                            logit_scale.exp(), logit_bias)
             loss.backward()
@@ -271,7 +283,7 @@ def _drop_in_steps(rank, world):
             for p in [*image_enc.parameters(), *text_enc.parameters(), logit_scale, logit_bias]:
                 torch_dist.all_reduce(p.grad)  # what DDP does: average across ranks
                 grads.append(p.grad / world)
-            losses = [torch.zeros(()) for _ in range(world)]
+            losses = [torch.zeros((), device=DEVICE) for _ in range(world)]
             torch_dist.all_gather(losses, loss.detach())
             out[impl, which] = {"loss": loss.item(), "all_losses": [x.item() for x in losses], "grads": grads}
     return out

@@ -1,15 +1,19 @@
 """engine/towers.py: the packed self-attention is nn.MultiheadAttention's function and the
 patch-embedding GEMM the convolution's, on the same parameters (float64: outputs and every
 gradient, awkward sizes); the state dict stays, and the calls they do not cover go to the
-original modules."""
+original modules. Under --gpu on CUDA (cuBLAS, cuDNN and CUDA's attention in float64): the
+parameters and inputs are drawn on the CPU, then moved, so both devices see the same values."""
 import copy
 
 import pytest
 import torch
 from torch import nn
 
+from devices import DEVICE
 from infcl_ds.engine.towers import PackedSelfAttention, PatchEmbeddingGemm, fast_tower_modules
 from infcl_ds.models import create_model
+
+pytestmark = pytest.mark.gpu
 
 TOL = 1e-12  # float64: the two paths differ only in the order of the same operations
 
@@ -38,13 +42,15 @@ def test_packed_attention_matches_multihead_attention(batch_first, mask, n, leng
     with torch.no_grad():  # MHA starts with zero biases: make them matter
         reference.in_proj_bias.normal_(generator=gen)
         reference.out_proj.bias.normal_(generator=gen)
+    reference.to(DEVICE)
     packed = copy.deepcopy(reference)
     assert fast_tower_modules(packed) == {"attention": 1, "patch_embedding": 0}
     assert type(packed) is PackedSelfAttention
     shape = (n, length, width) if batch_first else (length, n, width)
-    x = torch.randn(shape, dtype=torch.float64, generator=gen)
+    x = torch.randn(shape, dtype=torch.float64, generator=gen).to(DEVICE)
     attn_mask = _mask(mask, n, heads, length, gen)
-    dy = torch.randn(shape, dtype=torch.float64, generator=gen)
+    attn_mask = None if attn_mask is None else attn_mask.to(DEVICE)
+    dy = torch.randn(shape, dtype=torch.float64, generator=gen).to(DEVICE)
     results = []
     for module in (reference, packed):
         xi = x.clone().requires_grad_()
@@ -63,11 +69,11 @@ def test_packed_attention_matches_multihead_attention(batch_first, mask, n, leng
 def test_uncovered_calls_go_to_multihead_attention():
     """Cross attention, attention weights and boolean masks: nn.MultiheadAttention's own path."""
     torch.manual_seed(0)
-    reference = nn.MultiheadAttention(16, 4, batch_first=True).double()
+    reference = nn.MultiheadAttention(16, 4, batch_first=True).double().to(DEVICE)
     packed = copy.deepcopy(reference)
     fast_tower_modules(packed)
-    q, kv = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 9, 16, dtype=torch.float64)
-    bool_mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    q, kv = (torch.randn(2, n, 16, dtype=torch.float64).to(DEVICE) for n in (5, 9))
+    bool_mask = torch.ones(5, 5, dtype=torch.bool, device=DEVICE).triu(1)
     for args, kwargs in (((q, kv, kv), {}), ((q, q, q), {"need_weights": True}),
                          ((q, q, q), {"need_weights": False, "attn_mask": bool_mask})):
         want, got = reference(*args, **kwargs), packed(*args, **kwargs)
@@ -88,18 +94,18 @@ def test_only_plain_self_attention_modules_are_packed():
 
 def test_packed_open_clip_model_keeps_its_state_dict_and_function():
     """Both towers of an open_clip model (the text tower with its causal mask), float64."""
-    reference = create_model("infcl-tiny", seed=0).double()
+    reference = create_model("infcl-tiny", seed=0).double().to(DEVICE)
     packed = copy.deepcopy(reference)
     # one vision and one text block; the vision tower's patch embedding
     assert fast_tower_modules(packed) == {"attention": 2, "patch_embedding": 1}
     assert list(packed.state_dict()) == list(reference.state_dict())
     gen = torch.Generator().manual_seed(1)
-    images = torch.randn(3, 3, 16, 16, dtype=torch.float64, generator=gen)
-    texts = torch.randint(1, 49408, (3, 16), generator=gen)
+    images = torch.randn(3, 3, 16, 16, dtype=torch.float64, generator=gen).to(DEVICE)
+    texts = torch.randint(1, 49408, (3, 16), generator=gen).to(DEVICE)
     grads = []
     for model in (reference, packed):
         image, text = model.encode_image(images), model.encode_text(texts)
-        (image.square().sum() + (text * torch.arange(32, dtype=torch.float64)).sum()).backward()
+        (image.square().sum() + (text * torch.arange(32, dtype=torch.float64, device=DEVICE)).sum()).backward()
         grads.append((image.detach(), text.detach(), {k: p.grad for k, p in model.named_parameters()}))
     (ir, tr, gr), (ip, tp, gp) = grads
     assert _rel(ip, ir) < TOL and _rel(tp, tr) < TOL
@@ -115,10 +121,10 @@ def test_packed_open_clip_model_keeps_its_state_dict_and_function():
 ])
 def test_patch_embedding_gemm_matches_the_convolution(n, channels, height, width, kernel, bias):
     torch.manual_seed(height)
-    conv = nn.Conv2d(channels, 12, kernel, stride=kernel, bias=bias).double()
+    conv = nn.Conv2d(channels, 12, kernel, stride=kernel, bias=bias).double().to(DEVICE)
     gemm = copy.deepcopy(conv)
     assert fast_tower_modules(gemm) == {"attention": 0, "patch_embedding": 1} and type(gemm) is PatchEmbeddingGemm
-    x = torch.randn(n, channels, height, width, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(n, channels, height, width, dtype=torch.float64).to(DEVICE).requires_grad_()
     want, got = conv(x), gemm(x)
     assert got.shape == want.shape and _rel(got, want) < TOL
     dy = torch.randn_like(want)

@@ -192,10 +192,10 @@ def main(argv=None):
         rows.append(row)
         print(fmt_row(row), flush=True)
     write_rows(Path(args.out), rows, meta)  # after every row: a killed run keeps what it measured
-    from ..ops import block
+    from ..ops import g_tiles
     from ..ops.tuning import chosen_configs
     meta["tile_configs"] = chosen_configs()
-    meta["addmm_out_dtype_fp32_accumulate"] = (block.addmm_takes_out_dtype(device, torch.bfloat16, torch.float32)
+    meta["addmm_out_dtype_fp32_accumulate"] = (g_tiles.addmm_takes_out_dtype(device, torch.bfloat16, torch.float32)
                                                if device.type == "cuda" else None)
     write_rows(Path(args.out), rows, meta)
     from .plot import plot_loss

@@ -44,8 +44,8 @@ class ModelSection(Section):
     seed: Annotated[int, Strict(), Field(ge=0, le=2 ** 32 - 1)] = 0
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
     # torch.compile of both towers (engine/compile.py), once per chunk shape and pass. auto: on
-    # for CUDA ranks under ZeRO 0-2, off on CPU ranks (inductor needs a C++ compiler and gains
-    # little) and under ZeRO-3 (its parameter gathering breaks compiled graphs).
+    # for CUDA ranks where the ZeRO stage allows it (engine/compile.py's compile_supported: 0-2),
+    # off on CPU ranks (inductor needs a C++ compiler and gains little).
     compile: Union[Literal["auto"], bool] = "auto"
 
 
@@ -222,9 +222,11 @@ class Recipe(Section):
         if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
-        if self.model.compile is True and self.zero.stage == 3:
-            raise ValueError("model.compile=true is not supported with zero.stage=3 (its per-module parameter "
-                             "gathering breaks compiled graphs): use zero.stage 0-2 or model.compile=false")
+        if self.model.compile is True:
+            from ..engine.compile import ZERO3_BREAKS_COMPILE, compile_supported  # the engine imports this module
+            if not compile_supported(self.zero.stage):
+                raise ValueError(f"model.compile=true is not supported with zero.stage={self.zero.stage} "
+                                 f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile=false")
         _check_overrides(self)
         return self
 
@@ -234,7 +236,8 @@ class Recipe(Section):
     def compiles(self, device_type: str) -> bool:
         """Whether ranks on `device_type` ("cuda", "cpu") compile the towers (model.compile)."""
         if self.model.compile == "auto":
-            return device_type == "cuda" and self.zero.stage < 3
+            from ..engine.compile import compile_supported  # the engine imports this module
+            return device_type == "cuda" and compile_supported(self.zero.stage)
         return self.model.compile
 
 

@@ -95,12 +95,13 @@ class ContrastiveEngine:
             raise ValueError(adapter.wrong_model)
         promote_scalar_parameters(model)
         fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
-        zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
+        stage = config.get("zero_optimization", {}).get("stage", 0)
+        zero3 = stage == 3
         if compile_backend is not None:
-            if zero3:
-                raise ValueError("compiled encoders (model.compile) are not supported under ZeRO-3: "
-                                 "use zero.stage 0-2 or model.compile: false")
-            from .compile import compile_encoders
+            from .compile import ZERO3_BREAKS_COMPILE, compile_encoders, compile_supported
+            if not compile_supported(stage):
+                raise ValueError(f"compiled encoders (model.compile) are not supported under ZeRO-{stage} "
+                                 f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile: false")
             compile_encoders(model, compile_backend)
         if zero3:
             mark_zero3_leaf_modules(model)

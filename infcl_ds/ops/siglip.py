@@ -15,7 +15,7 @@ The autograd Function (parallel/siglip_function.py) therefore computes the gradi
 forward (when any input needs one) and the backward only multiplies them by the incoming
 gradient, as Liger-Kernel does for its fused cross-entropy.
 
-Why a G tile and two cuBLAS GEMMs (ops/block.py's walk_g_tiles), not a FlashAttention-2
+Why a G tile and two cuBLAS GEMMs (ops/g_tiles.py's walk_g_tiles), not a FlashAttention-2
 style backward (a program per column block accumulating dB_j in registers, atomics for dA):
 contrastive features are 768-1152 wide, so a [128, D] fp32 accumulator is 400-600 KB, far
 beyond a Hopper SM's registers and shared memory, and splitting D would recompute each
@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import block
-from .options import KernelOptions
+from .g_tiles import walk_g_tiles
+from .options import KernelOptions, resolve_backend
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
 
@@ -155,7 +155,7 @@ def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional
     also adds coef * G @ b and coef * G^T @ a to them; both None computes the sums only.
     diag: a and b come from the same rank (positives on the block's diagonal).
     """
-    backend = block.resolve_backend(options.backend, a.device)
+    backend = resolve_backend(options.backend, a.device)
     precision = "tf32" if options.allow_tf32 else "ieee"
     write_g = grad_a is not None
 
@@ -165,7 +165,7 @@ def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional
         return torch_tile(a_rows, b_panel, scale, bias, g, offset, write_g)
 
     total = torch.zeros(3, device=a.device, dtype=torch.float64)
-    return block.walk_g_tiles(a, b, fill, total, coef, diag=diag, grad_a=grad_a, grad_b=grad_b,
+    return walk_g_tiles(a, b, fill, total, coef, diag=diag, grad_a=grad_a, grad_b=grad_b,
                               accumulate_b=accumulate_b, backend=backend, allow_tf32=options.allow_tf32,
                               panel=options.panel, rows=options.panel_rows)
 

@@ -2,7 +2,7 @@
 
 Used for CPU tensors when Triton's interpreter is off, so that CPU training is real
 training rather than a crawl through interpreted tiles. Each call materialises at most one
-[n_a, panel] fp32 slice of the similarity matrix; ops/block.py picks the panel width.
+[n_a, panel] fp32 slice of the similarity matrix; ops/g_tiles.py picks the panel width.
 """
 import torch
 

@@ -27,8 +27,8 @@ from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
 from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
-from ..ops.block import panel_rows, panel_width
-from ..parallel.ring_bytes import ring_loss_bytes_per_sample
+from ..ops.g_tiles import g_tile_bytes
+from ..parallel.ring_bytes import ring_loss_bytes_per_sample, single_device_loss_bytes_per_sample
 from ..resources import read_json
 from .encoders import ModelEstimate
 
@@ -125,18 +125,14 @@ def loss_bytes(local: int, dim: int, elem: int, world: int) -> int:
     """What the loss allocates per GPU beyond its inputs and outputs, in its backward (the
     larger pass), for a local batch of ``local`` on every rank.
 
-    Over several ranks: the ring's buffers (parallel/ring_bytes.py). On one GPU (ops/clip.py):
-    the fp32 image gradient and the row and column statistics saved by the forward. Both: the
-    kernels' G tile (ops/block.py; features' dtype on the GPU), which is capped at
-    PANEL_MAX_BYTES.
+    Each part counted by its owner: the ring's buffers over several ranks, or on one GPU the
+    single device's (parallel/ring_bytes.py), and the kernels' G tile (ops/g_tiles.py).
     """
     if world > 1:
         per_sample = ring_loss_bytes_per_sample(dim, elem)
     else:
-        per_sample = dim * 4 + 2 * 4
-    width = min(panel_width(local, local, dim, elem), local)
-    panel = min(local, panel_rows(local, width, elem)) * width * elem
-    return local * per_sample + panel
+        per_sample = single_device_loss_bytes_per_sample(dim)
+    return local * per_sample + g_tile_bytes(local, local, dim, elem)
 
 
 @dataclass(frozen=True)
