@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from ..losses import contrastive_loss
+from infcl_ds.losses import contrastive_loss
 from .common import extrapolated, fmt_row, is_oom, measure, run_identity, synchronize, time_ms, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -105,7 +105,7 @@ def bench_row(impl, B, D, dt, device, reps) -> dict:
 
 def phase_breakdown(B, D, dt, device) -> dict:
     """Time of the forward statistics and of the backward alone, each with its own rate."""
-    from ..ops import block_lse
+    from infcl_ds.ops import block_lse
     image, text, scale = make_inputs(B, D, DTYPES[dt], device)
     s = scale.detach().reshape(1)
     block_lse(image, text, s)
@@ -149,7 +149,7 @@ def main(argv=None):
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--phases", default="", help="B:D:dtype for a forward/backward time split, e.g. 256k:768:bf16")
     p.add_argument("--loss", default="clip", choices=["clip", "siglip"],
-                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (infcl_ds/bench/siglip.py)")
+                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (benchmarks/siglip.py)")
     args = p.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -192,8 +192,8 @@ def main(argv=None):
         rows.append(row)
         print(fmt_row(row), flush=True)
     write_rows(Path(args.out), rows, meta)  # after every row: a killed run keeps what it measured
-    from ..ops import block
-    from ..ops.tuning import chosen_configs
+    from infcl_ds.ops import block
+    from infcl_ds.ops.tuning import chosen_configs
     meta["tile_configs"] = chosen_configs()
     meta["addmm_out_dtype_fp32_accumulate"] = (block.addmm_takes_out_dtype(device, torch.bfloat16, torch.float32)
                                                if device.type == "cuda" else None)

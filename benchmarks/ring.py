@@ -20,7 +20,7 @@ from .loss import DTYPES, full_logits_loss, make_inputs, parse_sizes
 
 
 def _loss_fn(impl, rank, world):
-    from .. import contrastive_loss
+    from infcl_ds import contrastive_loss
     if impl == "infcl_ds":
         return lambda i, t, s: contrastive_loss(i, t, s, allow_tf32=True)  # fp32 rows: TF32, as benchmarked
     if impl == "inf_cl":
@@ -37,7 +37,7 @@ def _check(rank, world, device):
     """This ring against a float64 reference of the gathered batch, before any timing."""
     import torch.distributed as torch_dist
 
-    from .. import contrastive_loss
+    from infcl_ds import contrastive_loss
     out = []
     for dt in ("bf16", "fp32"):
         b, D = 2053, 768
@@ -111,7 +111,7 @@ def _worker(rank, world, args, port, ident):
     solo = [torch_dist.new_group([r]) for r in range(world)][rank]
     torch_dist.barrier()
     if rank == 0 and args.single:
-        from .. import contrastive_loss
+        from infcl_ds import contrastive_loss
         ring_rows = [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]
         for r in ring_rows:
             b1 = int(r["B"] / math.sqrt(world)) // 256 * 256
@@ -152,7 +152,7 @@ def main(argv=None):
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU same-work rows")
     p.add_argument("--out", default="docs/benchmarks/ring.json")
     p.add_argument("--loss", default="clip", choices=["clip", "siglip"],
-                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (infcl_ds/bench/siglip.py)")
+                   help="siglip: the sigmoid loss against open_clip's SigLipLoss (benchmarks/siglip.py)")
     args = p.parse_args(argv)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)

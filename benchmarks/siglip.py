@@ -39,7 +39,7 @@ def open_clip_loss(rank=0, world=1):
 
 
 def infcl_ds_loss(rank=0, world=1):
-    from ..losses import sigmoid_loss
+    from infcl_ds.losses import sigmoid_loss
     return lambda i, t, s, b: sigmoid_loss(i, t, s, b, allow_tf32=True)  # fp32 rows: TF32, as benchmarked
 
 
@@ -192,7 +192,7 @@ def main_loss(argv=None):
                 rows.append(row)
                 print(fmt(row), flush=True)
                 write_rows(Path(args.out), rows, meta)  # after every row: a killed run keeps what it measured
-    from ..ops.tuning import chosen_configs
+    from infcl_ds.ops.tuning import chosen_configs
     meta["tile_configs"] = chosen_configs()
     meta["summary"] = summarise(rows)
     print("summary:", json.dumps(meta["summary"]), flush=True)

@@ -62,7 +62,7 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     for ax in axes[:2]:
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.legend(fontsize=8)
-    if timelines:  # when each run's host memory peaked (bench/host_memory.py's MemorySampler)
+    if timelines:  # when each run's host memory peaked (host_memory.py's MemorySampler)
         for r in timelines:
             t, used, shared = zip(*((p[0], p[1], p[3]) for p in r["host_timeline"]))
             line, = axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}: in use above the start")
