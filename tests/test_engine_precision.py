@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from benchmarks.reference import full_logits_loss
 from devices import exact_loss
 from dist_utils import run_ranks
-from reference import full_logits_loss
 
 N, CHUNK = 512, 1  # 512 chunks: enough for a bf16 running sum to lose the late ones
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from infcl_ds import ContrastiveLoss, contrastive_loss
+from benchmarks.reference import clip_loss_reference, rel_err
 from devices import EXACT
-from reference import clip_loss_reference, random_features, rel_err
+from features import random_features
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (1e-4, 1e-2, 1e-3), torch.float16: (1e-4, 1e-2, 1e-3)}
 

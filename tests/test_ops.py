@@ -5,8 +5,9 @@ import torch
 from infcl_ds.ops import block_lse
 from infcl_ds.ops import block
 from infcl_ds.ops.block import block_backward, panel_width
+from benchmarks.reference import rel_err
 from devices import EXACT
-from reference import random_features, rel_err
+from features import random_features
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
+from benchmarks.reference import clip_loss_reference, rel_err
 from devices import DEVICE, EXACT, GPU
 from dist_utils import run_ranks
-from reference import clip_loss_reference, random_features, rel_err
+from features import random_features
 
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.bfloat16: (1e-4, 1e-2, 1e-3)}
 

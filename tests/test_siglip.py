@@ -11,8 +11,9 @@ feature gradients 1e-2 (G and the gradients are stored in bf16: ~2^-9 per elemen
 import pytest
 import torch
 
+from benchmarks.reference import rel_err, siglip_loss_reference
 from dist_utils import run_ranks
-from reference import random_features, rel_err, siglip_loss_reference
+from features import random_features
 
 TOL = {torch.float32: (1e-6, 1e-5, 1e-4, 1e-5), torch.bfloat16: (1e-5, 1e-2, 1e-3, 1e-3)}
 
