@@ -1,12 +1,11 @@
-"""What every benchmark shares: the run's identity, timing, peak memory and JSON rows."""
+"""What every benchmark shares: the run's identity, its ranks, batch sizes and JSON rows (the loss
+benchmarks' timing and row schema: harness.py)."""
 import json
 import os
 import platform
-import statistics
 import subprocess
-import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -35,66 +34,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def synchronize():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def time_ms(fn: Callable[[], None], reps: int) -> float:
-    """Median wall time of ``reps`` calls in ms (CUDA events on GPU), after the caller's warm-up."""
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def peak_mib_above_current(fn: Callable[[], None]) -> Optional[float]:
-    """Peak allocated memory during ``fn`` above what was allocated before it (GPU only)."""
-    if not torch.cuda.is_available():
-        return None
-    synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def measure(step: Callable[[], None], reps: int):
-    """(median ms, peak MiB above current) of ``step``. reps=0: one run gives both (rows of
-    many seconds whose kernels were compiled and tuned at a smaller size); otherwise a
-    warm-up, so compilation and tile tuning stay out of the peak, then a peak run, then reps."""
-    if reps == 0:
-        box = {}
-        peak = peak_mib_above_current(lambda: box.setdefault("ms", time_ms(step, 1)))
-        return box["ms"], peak
-    step()
-    peak = peak_mib_above_current(step)
-    return time_ms(step, reps), peak
-
-
-def extrapolated(rows: List[dict], B: int, rate_key: str, **match) -> Optional[dict]:
-    """Fields of a row at batch B extrapolated from the largest measured row matching
-    ``match``: time ~ B^2 at a flat rate, memory ~ B. None if nothing was measured."""
-    base = max((r for r in rows if r.get("status") == "measured" and all(r[k] == v for k, v in match.items())),
-               key=lambda r: r["B"], default=None)
-    if base is None:
-        return None
-    f = B / base["B"]
-    return {"ms": base["ms"] * f * f, "peak_mib": base["peak_mib"] * f if base["peak_mib"] else None,
-            rate_key: base[rate_key], "status": "extrapolated", "extrapolated_from_B": base["B"]}
-
-
 def is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
@@ -107,12 +46,14 @@ def write_rows(path: Path, rows: List[dict], meta: dict) -> None:
     tmp.replace(path)
 
 
-def fmt_row(row: dict) -> str:
-    ms = "-" if row.get("ms") is None else f"{row['ms']:10.1f}"
-    peak = "-" if row.get("peak_mib") is None else f"{row['peak_mib']:9.0f}"
-    rate = "-" if row.get("tflops_eff") is None else f"{row['tflops_eff']:7.1f}"
-    return (f"{row['impl']:12s} B={row['B']:>8d} D={row['D']:>5d} {row['dtype']:5s} ms={ms} "
-            f"peak_mib={peak} TFLOP/s={rate} {row.get('status', '')}")
+def parse_sizes(text: str) -> List[int]:
+    """'16k,1m' -> [16384, 1048576] (k = 1024, m = 1024^2)."""
+    out = []
+    for tok in text.split(","):
+        tok = tok.strip().lower()
+        mult = {"k": 1 << 10, "m": 1 << 20}.get(tok[-1:], 1)
+        out.append(int(tok.rstrip("km")) * mult)
+    return out
 
 
 def join_ranks(rank: int, world: int, port: int):

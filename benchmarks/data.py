@@ -159,3 +159,7 @@ def main(argv=None):
     from .plot_data import plot_data
     plot_data(args.out, args.out.with_suffix(".png"))
     return rows
+
+
+if __name__ == "__main__":
+    main()

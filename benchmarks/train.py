@@ -27,8 +27,7 @@ import torch
 from infcl_ds.config.recipe import DataSection
 from infcl_ds.training.build import build_engine
 from infcl_ds.training.resolve import resolve_data
-from .common import free_port, is_oom, join_ranks, run_identity, write_rows
-from .loss import parse_sizes
+from .common import free_port, is_oom, join_ranks, parse_sizes, run_identity, write_rows
 
 
 class CyclingHostBatch:
