@@ -1,6 +1,7 @@
 """`infcl-ds`: the command-line entry point (one subcommand per job, each in its own module)."""
 import importlib
 import sys
+from pathlib import Path
 
 # command -> (module, function, one-line help)
 COMMANDS = {
@@ -12,13 +13,35 @@ COMMANDS = {
     "data check": ("infcl_ds.data.check", "main", "a recipe's data paths exist (run by the launch scripts first)"),
     "data photos": ("infcl_ds.data.photos", "main", "JPEG shards of natural-looking images for benchmarks (no download)"),
     "demo": ("infcl_ds.demo", "main", "train-free CPU demo of the loss: exactness and memory against full logits"),
-    "bench loss": ("infcl_ds.bench.loss", "main", "benchmark the loss kernels against full logits and inf-cl (GPU)"),
-    "bench ring": ("infcl_ds.bench.ring", "main", "benchmark the ring across this host's GPUs against inf-cl and OpenCLIP"),
-    "bench train": ("infcl_ds.bench.train", "main", "benchmark engine steps (ViT-B-16) against inf-cl's loss (GPU)"),
-    "bench data": ("infcl_ds.bench.data", "main", "decode throughput of encoded host batches, beside what recipes need"),
-    "bench decoders": ("infcl_ds.bench.decoder_zeroshot", "main",
+    "bench loss": ("benchmarks.loss", "main", "benchmark the loss kernels against full logits and inf-cl (GPU)"),
+    "bench ring": ("benchmarks.ring", "main", "benchmark the ring across this host's GPUs against inf-cl and OpenCLIP"),
+    "bench train": ("benchmarks.train", "main", "benchmark engine steps (ViT-B-16) against inf-cl's loss (GPU)"),
+    "bench data": ("benchmarks.data", "main", "decode throughput of encoded host batches, beside what recipes need"),
+    "bench decoders": ("benchmarks.decoder_zeroshot", "main",
                        "zero-shot accuracy of the quickstart trained with each data.decoder (GPU)"),
 }
+
+
+# The benchmarks are not installed with the package: `infcl-ds bench` runs those of the checkout
+# this package was installed from (editable), found beside it.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def import_command(module: str):
+    """The command's module; a benchmark's from the checkout beside this package, or None
+    (after one line saying where to run it) when there is none, as in an installed wheel."""
+    if not module.startswith("benchmarks."):
+        return importlib.import_module(module)
+    if (CHECKOUT / "benchmarks" / "__init__.py").is_file() and str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks", module):
+            raise
+    print(f"infcl-ds: the benchmarks are not installed with the package; run them from a checkout of the "
+          f"repository: python -m {module} [args]", file=sys.stderr)
+    return None
 
 
 def usage() -> str:
@@ -51,7 +74,10 @@ def main(argv=None):
         name = " ".join(argv[:words])
         if name in COMMANDS:
             module, function, _ = COMMANDS[name]
-            result = getattr(importlib.import_module(module), function)(argv[words:])
+            loaded = import_command(module)
+            if loaded is None:
+                return 2
+            result = getattr(loaded, function)(argv[words:])
             # Commands return an exit status; the benchmarks return their rows (success).
             return result if isinstance(result, int) else 0
     # A group word ("bench") without one of its subcommands: help for the group alone, or a

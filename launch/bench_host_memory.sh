@@ -23,9 +23,9 @@ case "$part" in
       for s in data/photos/shard-*.tar; do ln -sf "../photos/$(basename "$s")" "data/photos-repeated/$r-$(basename "$s")"; done
     done
     # The lent GPU machines' MemTotal reads low until memory is used: plan for the host's real size.
-    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 2 --host-memory 128GiB --out "$out/host_memory.json" "$@" ;;
+    python3 -m benchmarks.host_memory --recipe "$recipe" --steps 2 --host-memory 128GiB --out "$out/host_memory.json" "$@" ;;
   resume)
-    python3 -m infcl_ds.bench.host_memory --recipe "$recipe" --steps 3 --resume --host-memory 128GiB --out "$out/host_memory.json" "$@"
+    python3 -m benchmarks.host_memory --recipe "$recipe" --steps 3 --resume --host-memory 128GiB --out "$out/host_memory.json" "$@"
     python3 -m infcl_ds.cli bench data --shards data/photos --workers 1,4,14 --samples 4096 --out "$out/data.json" ;;
   *) echo "usage: $0 run|resume" >&2; exit 2 ;;
 esac

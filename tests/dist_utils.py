@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from torch.utils._pytree import tree_map
 
 from devices import DIST_BACKEND, GPU, setup_rank
-from infcl_ds.bench.common import free_port
+from benchmarks.common import free_port
 
 
 def _entry(fn, rank, world, port, args, queue, timeout_s):

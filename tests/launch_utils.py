@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from infcl_ds.bench.common import free_port
+from benchmarks.common import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "ds_configs" / "recipes" / "tiny-cpu.yaml"

@@ -52,7 +52,7 @@ def test_profile_sorts_kernels_by_kind_and_counts_idle_time():
     """bench train --profile: kernel names as the profiler reports them on an H100/H200 (eager
     and compiled towers, SDPA backends, our loss kernels, ZeRO's NCCL) fall in their kinds; the
     shares are of the step's wall time and the rest is the GPU's idle time."""
-    from infcl_ds.bench.profile import kernel_table, kind_of
+    from benchmarks.profile import kernel_table, kind_of
     expected = {
         "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "GEMMs",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "GEMMs",
@@ -85,7 +85,7 @@ def test_profile_sorts_kernels_by_kind_and_counts_idle_time():
 
 
 def test_open_clip_train_logits_size_decides_rows_it_cannot_run():
-    from infcl_ds.bench.open_clip_train import logits_bytes
+    from benchmarks.open_clip_train import logits_bytes
     # ViT-B-16 at 256k on one GPU: two 262,144^2 bf16 matrices, 256 GiB, more than an H200's 139.8 GiB
     assert logits_bytes(262144, 1, "amp_bf16") == 2 * 262144 ** 2 * 2 == 256 * 2 ** 30
     # 32k on one GPU fits (4 GiB); over 8 ranks each holds local x global; fp32 doubles it
@@ -94,7 +94,7 @@ def test_open_clip_train_logits_size_decides_rows_it_cannot_run():
 
 
 def test_open_clip_train_failure_names_its_error_line_not_the_compilers_exit_noise():
-    from infcl_ds.bench.open_clip_train import failure_line
+    from benchmarks.open_clip_train import failure_line
     # the H100 log of `--torchcompile` at --batch-size 1024: the error, then the compiler's cache statistics
     log = "\n".join(["2026-11-25,14:13:50 | INFO | Start epoch 0",
                      "Traceback (most recent call last):",
@@ -113,7 +113,7 @@ def test_open_clip_train_failure_names_its_error_line_not_the_compilers_exit_noi
 
 
 def test_open_clip_train_row_of_a_run_out_of_memory_says_what_would_fit(monkeypatch):
-    from infcl_ds.bench.train import _open_clip_train_run
+    from benchmarks.train import _open_clip_train_run
 
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("open_clip_train exited with 1: torch.OutOfMemoryError: CUDA out of memory.\nlog tail")

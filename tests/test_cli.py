@@ -1,5 +1,10 @@
 """`infcl-ds` dispatch: a group word (bench, data) alone or with --help lists its subcommands;
-an unknown subcommand of a group is one line naming the valid ones."""
+an unknown subcommand of a group is one line naming the valid ones; the benchmarks run from the
+checkout (tests/test_resources.py: an installed wheel has none and says so)."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from infcl_ds.cli import COMMANDS, main
@@ -31,3 +36,13 @@ def test_an_unknown_command_is_still_refused_with_the_usage(capsys):
     assert main(["bnech", "loss"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("infcl-ds: unknown command 'bnech loss'") and "commands:" in err
+
+
+def test_bench_runs_the_checkouts_benchmarks_from_any_directory(tmp_path):
+    """`benchmarks/` is not installed: from another directory (nothing on PYTHONPATH), the CLI
+    finds it beside the package it was installed from (editable)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "infcl_ds.cli", "bench", "loss", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: infcl-ds bench loss"), done.stdout

@@ -14,7 +14,7 @@ import torch
 
 from devices import DEVICE
 from dist_utils import run_ranks
-from infcl_ds.bench.common import free_port
+from benchmarks.common import free_port
 
 
 def _encoders(seed):
@@ -164,7 +164,7 @@ def test_clip_loss_inside_open_clip_train_matches_its_own(tmp_path):
     import csv
     import json
 
-    from infcl_ds.bench.open_clip_train import open_clip_train_args, run_open_clip_train
+    from benchmarks.open_clip_train import open_clip_train_args, run_open_clip_train
     from infcl_ds.data.digits import build_digits
     from openclip_program import CONFIG
     config = json.loads(json.dumps(CONFIG))

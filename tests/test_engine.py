@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from benchmarks.reference import full_logits_loss
 from devices import exact_loss
 from dist_utils import run_ranks
-from reference import full_logits_loss
 
 pytestmark = pytest.mark.gpu
 

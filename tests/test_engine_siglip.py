@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.reference import full_logits_sigmoid_loss
 from devices import exact_loss
 from dist_utils import run_ranks
 from test_engine import Tiny
@@ -40,12 +41,6 @@ def batch():
     return torch.randn(GLOBAL, 12, generator=g), torch.randn(GLOBAL, 10, generator=g)
 
 
-def sigmoid_loss(image, text, scale, bias):
-    logits = scale * image @ text.T + bias
-    z = 2 * torch.eye(image.shape[0], dtype=logits.dtype) - 1
-    return -F.logsigmoid(z * logits).sum() / image.shape[0]
-
-
 def _engine_run(rank, world, stage, kind):
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
@@ -74,8 +69,9 @@ def reference_run():
     images, texts = batch()
 
     def loss_of(model):
-        return sigmoid_loss(F.normalize(model.encode_image(images), dim=-1), F.normalize(model.encode_text(texts), dim=-1),
-                            model.logit_scale.exp(), model.logit_bias)
+        return full_logits_sigmoid_loss(F.normalize(model.encode_image(images), dim=-1),
+                                        F.normalize(model.encode_text(texts), dim=-1),
+                                        model.logit_scale.exp(), model.logit_bias)
 
     model = TinySigLip()
     loss = loss_of(model)

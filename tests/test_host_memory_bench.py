@@ -1,4 +1,4 @@
-"""`python -m infcl_ds.bench.host_memory` on CPU: the tiny model on the digits shards, both host
+"""`python -m benchmarks.host_memory` on CPU: the tiny model on the digits shards, both host
 forms, two steps each, then a resume: rows with the measured and planned figures, the user's
 --set keys applied without overriding the run's own steps, form and directory."""
 import json
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infcl_ds.bench.common import free_port
+from benchmarks.common import free_port
 from infcl_ds.data.digits import build_digits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ def _bench(tmp_path, *extra):
             f"data.eval={tmp_path / 'digits' / 'test'}", "batch.global=64",
             "batch.chunk=32", f"output_dir={tmp_path / 'run'}", "data.workers=0", "eval.every=0",
             "schedule.warmup_steps=1"]
-    argv = [sys.executable, "-m", "infcl_ds.bench.host_memory", "--recipe", "ds_configs/recipes/tiny-cpu.yaml",
+    argv = [sys.executable, "-m", "benchmarks.host_memory", "--recipe", "ds_configs/recipes/tiny-cpu.yaml",
             "--host-memory", "16GiB", "--out", str(tmp_path / "hm.json"), *extra]
     for item in sets:
         argv += ["--set", item]

@@ -19,7 +19,7 @@ import pytest
 from launch_utils import ROOT, SYNTHETIC  # noqa: E402
 from launch_utils import TINY as RECIPE  # noqa: E402
 
-from infcl_ds.bench.common import free_port  # noqa: E402
+from benchmarks.common import free_port  # noqa: E402
 
 TIMEOUT_S = 170
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 from launch_utils import ROOT, SYNTHETIC, TINY
 from test_launch import environment
 
-from infcl_ds.bench.common import free_port
+from benchmarks.common import free_port
 from infcl_ds.training import checkpoint
 from infcl_ds.training.launcher_watch import (LAUNCHER_GONE_EXIT, LauncherWatch, Process, _is_deepspeed_launch,
                                               _stat, is_alive, launcher_processes)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from infcl_ds import ContrastiveLoss, contrastive_loss
+from benchmarks.reference import clip_loss_reference, rel_err
 from devices import EXACT
-from reference import clip_loss_reference, random_features, rel_err
+from features import random_features
 
 pytestmark = pytest.mark.gpu
 

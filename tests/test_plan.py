@@ -1,6 +1,7 @@
 """The planner (infcl_ds/plan): exact component arithmetic on a tiny case, the activation count
 against autograd, the calibration against docs/benchmarks/train.json, ZeRO sharding, feature
 offload, the shipped recipes, refusals, and the CLI's output contract."""
+import json
 import re
 from pathlib import Path
 
@@ -586,3 +587,18 @@ def test_decodes_follow_the_engines_passes():
     assert engine_passes(1, 2) == 1 and input_rate(one, 1024, 1.0).needed == 1024
     zero3 = load_recipe(None, [*base, "batch.chunk=1024", "zero.stage=3", "model.compile=false"])
     assert engine_passes(1, 3) == 2 and input_rate(zero3, 1024, 1.0).needed == 2 * 1024
+
+
+def test_rates_come_from_the_clip_loss_rows_of_a_benchmark_file(tmp_path):
+    """--rates FILE: the CLIP loss's rows (8 B^2 D; files from before rows said so count as
+    such); a sigmoid loss file (6 B^2 D) is refused rather than read at the wrong work."""
+    from infcl_ds.plan.errors import PlanError
+    row = {"impl": "infcl_ds", "status": "measured", "dtype": "bf16", "D": 768, "B": 65536, "tflops_eff": 400.0}
+    for flops in (8, None):
+        path = tmp_path / f"clip-{flops}.json"
+        path.write_text(json.dumps({"meta": {}, "rows": [dict(row, flops_per_B2D=flops) if flops else row]}))
+        assert KernelRates.load(path).rows == (("bf16", 768, 65536, 400e12),)
+    path = tmp_path / "siglip.json"
+    path.write_text(json.dumps({"meta": {}, "rows": [dict(row, flops_per_B2D=6)]}))
+    with pytest.raises(PlanError, match="no measured infcl_ds rows of the CLIP loss"):
+        KernelRates.load(path)

@@ -1,12 +1,14 @@
 """Package data (infcl_ds/calibration, infcl_ds/ds_configs) is found however the package is
-installed: the built wheel, installed with `pip install --target`, plans a recipe from another
-directory; and the shipped calibration is what `plan.calibrate --write` makes of the benchmarks."""
+installed: the built wheel (infcl_ds alone: no benchmarks, no tests), installed with `pip install
+--target`, plans a recipe from another directory; and the shipped calibration is what
+`plan.calibrate --write` makes of the benchmarks."""
 import json
 import os
 import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from infcl_ds.plan import calibrate
@@ -30,6 +32,9 @@ def test_wheel_installed_with_target_plans_from_another_directory(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(wheels)], check=True, cwd=tmp_path, timeout=300)
     (wheel,) = wheels.glob("infcl_ds-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"infcl_ds"}, tops
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, cwd=tmp_path, timeout=300)
     recipe = elsewhere / "recipe.yaml"
@@ -45,6 +50,12 @@ def test_wheel_installed_with_target_plans_from_another_directory(tmp_path):
                            "--num_gpus", "8"], env=env, cwd=elsewhere, capture_output=True, text=True, timeout=300)
     assert plan.returncode in (0, 1), plan.stderr  # 1: does not fit; 2 would be a refusal
     assert "peak per GPU" in plan.stdout, plan.stdout + plan.stderr
+    # The benchmarks are not in the wheel: `infcl-ds bench` says in one line where they run.
+    bench = subprocess.run([sys.executable, "-S", str(target / "bin" / "infcl-ds"), "bench", "loss", "--help"],
+                           env=env, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert (bench.returncode, bench.stdout) == (2, ""), bench.stdout + bench.stderr
+    assert bench.stderr.splitlines() == ["infcl-ds: the benchmarks are not installed with the package; run them "
+                                         "from a checkout of the repository: python -m benchmarks.loss [args]"]
 
 
 def test_shipped_calibration_is_the_benchmarks_fit(tmp_path, capsys):

@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
+from benchmarks.reference import clip_loss_reference, rel_err
 from devices import DEVICE, EXACT, GPU, cpu_only
 from dist_utils import run_ranks
-from reference import clip_loss_reference, random_features, rel_err
+from features import random_features
 
 pytestmark = pytest.mark.gpu
 

@@ -14,9 +14,10 @@ feature gradients 1e-2 (G and the gradients are stored in bf16: ~2^-9 per elemen
 import pytest
 import torch
 
+from benchmarks.reference import rel_err, siglip_loss_reference
 from devices import DEVICE, EXACT
 from dist_utils import run_ranks
-from reference import random_features, rel_err, siglip_loss_reference
+from features import random_features
 
 pytestmark = pytest.mark.gpu
 

@@ -39,7 +39,7 @@ CALIBRATION = Path(__file__).resolve().parents[1] / "calibration"
 
 
 def row_recipe(row: dict, meta: dict):
-    """The recipe `infcl-ds bench train` planned for this row (bench/train.py's _recipe)."""
+    """The recipe `infcl-ds bench train` planned for this row (benchmarks/train.py's _recipe)."""
     return load_recipe(None, [f"model.name={row['model']}", f"batch.global={row['B']}", f"batch.chunk={row['chunk']}",
                               f"zero.stage={row['zero']}", f"precision.dtype={row['dtype']}",
                               f"model.grad_checkpointing={str(meta.get('grad_checkpointing', False)).lower()}",

@@ -149,10 +149,13 @@ class KernelRates:
 def loss_rates_calibration(benchmark: dict, name: str) -> dict:
     """calibration/loss_rates.json from the JSON of `infcl-ds bench loss`: its measured infcl_ds
     rows, and the forward's share of the time from its phase split (else 2 of 8 B^2 D)."""
+    # The CLIP loss's rows only: a sigmoid loss file's rates count 6 B^2 D (files written
+    # before rows said so are the CLIP loss's).
     rows = [{key: r[key] for key in ("dtype", "D", "B", "tflops_eff")} for r in benchmark["rows"]
-            if r.get("impl") == "infcl_ds" and r.get("status") == "measured" and r.get("tflops_eff")]
+            if r.get("impl") == "infcl_ds" and r.get("status") == "measured" and r.get("tflops_eff")
+            and r.get("flops_per_B2D", 8) == 8]
     if not rows:
-        raise PlanError(f"plan: {name} has no measured infcl_ds rows")
+        raise PlanError(f"plan: {name} has no measured infcl_ds rows of the CLIP loss (`infcl-ds bench loss`)")
     meta = benchmark.get("meta", {})
     phases = meta.get("phases")
     fraction = phases["forward_ms"] / phases["total_ms"] if phases else 0.25

@@ -1,7 +1,7 @@
-"""`python -m infcl_ds.bench.host_memory`: a real training run's host memory, GPU memory and step
+"""`python -m benchmarks.host_memory`: a real training run's host memory, GPU memory and step
 time against the planner's, per host form (encoded or decoded local batches).
 
-    python -m infcl_ds.bench.host_memory --recipe R.yaml --steps 2 [--resume] --out docs/benchmarks/host_memory.json
+    python -m benchmarks.host_memory --recipe R.yaml --steps 2 [--resume] --out docs/benchmarks/host_memory.json
 
 The trainer runs as a child process (`infcl-ds train`, one process); a sampler records the host
 memory the run takes every half second: the machine's memory in use above what it used before
@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..plan.cli import parse_size
-from ..plan.memory import GIB
+from infcl_ds.plan.cli import parse_size
+from infcl_ds.plan.memory import GIB
 from .common import run_identity, write_rows
 
 
@@ -122,7 +122,7 @@ def step_rows(run_dir: Path) -> list:
 
 
 def planned(recipe, host_bytes: int, gpu_bytes: int):
-    from ..plan.plan import make_plan
+    from infcl_ds.plan.plan import make_plan
     plan = make_plan(recipe, 1, gpu_bytes, 1, host_bytes)
     return plan, plan.verdict
 
@@ -156,7 +156,7 @@ def merged(out: Path, rows: list) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m infcl_ds.bench.host_memory", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_memory", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", type=Path, required=True)
     p.add_argument("--steps", type=int, default=2, help="steps to train to")
@@ -175,7 +175,7 @@ def main(argv=None):
     import psutil
     import torch
 
-    from ..config import load_recipe
+    from infcl_ds.config import load_recipe
     recipe = load_recipe(args.recipe, overrides=args.overrides)
     log = args.out.with_suffix(".log")
     if args.resume:

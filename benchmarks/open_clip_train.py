@@ -7,7 +7,7 @@ the baseline a user of a batch that fits OpenCLIP compares with. It runs as a su
 (`torchrun` for several ranks), on synthetic data, its logs and checkpoints in a temporary
 directory removed afterwards; its samples/s per step are read from its own log lines ("Batch (t): 0.123, 4567.8/s, ...").
 
-    python -m infcl_ds.bench.open_clip_train [--model-config-dir D] [--infcl-loss] [--record-losses F] -- ARGS...
+    python -m benchmarks.open_clip_train [--model-config-dir D] [--infcl-loss] [--record-losses F] -- ARGS...
 
 runs `open_clip_train.main.main(ARGS)` in this process, after registering the model configs in D
 with open_clip, swapping open_clip_train's loss for `infcl_ds.ClipLoss` with the same flags
@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
+
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 # One line per logged step: "... Batch (t): 0.123, 4567.8/s, 2283.9/s/gpu LR: ..."
 STEP_LINE = re.compile(r"Batch \(t\): ([0-9.]+), ([0-9.eE+]+)/s")
@@ -61,7 +63,7 @@ def logits_bytes(global_batch: int, world: int, precision: str) -> int:
 
 def launch_command(world: int, runner_args: List[str], argv: List[str], port: int) -> List[str]:
     """This module's runner under torchrun (several ranks, on 127.0.0.1) or plain python."""
-    runner = ["-m", "infcl_ds.bench.open_clip_train", *runner_args, "--", *argv]
+    runner = ["-m", "benchmarks.open_clip_train", *runner_args, "--", *argv]
     if world == 1:
         return [sys.executable, *runner]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr",
@@ -88,7 +90,9 @@ def run_open_clip_train(world: int, argv: List[str], port: int, runner_args=(), 
                         log: Optional[Path] = None) -> dict:
     """Run it; returns {"step_s": [...], "samples_per_s": [...], "wall_s", "command"} read from its
     log. Raises RuntimeError naming the log's tail when it fails."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The runner is this checkout's module: its root on the child's path, wherever it starts.
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")])))
     started = time.monotonic()
     # open_clip_train writes its logs (and --save-most-recent checkpoints) under --logs; "none"
     # is not special there, so each run gets its own directory, never the caller's cwd.
@@ -126,13 +130,13 @@ class _RecordingLoss:
 
 def _infcl_loss(args):
     """infcl_ds.ClipLoss with the flags open_clip's create_loss would pass to its ClipLoss."""
-    from ..losses import ClipLoss
+    from infcl_ds.losses import ClipLoss
     return ClipLoss(local_loss=args.local_loss, gather_with_grad=args.gather_with_grad, cache_labels=True,
                     rank=args.rank, world_size=args.world_size, use_horovod=args.horovod)
 
 
 def runner(argv: List[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m infcl_ds.bench.open_clip_train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.open_clip_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-config-dir", help="open_clip model configs (JSON) to register first")
     p.add_argument("--infcl-loss", action="store_true", help="train with infcl_ds.ClipLoss instead")

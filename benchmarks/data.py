@@ -37,8 +37,8 @@ def host_rss_gib() -> float:
 def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decoder: str = "pil"):
     from open_clip import get_tokenizer
 
-    from ..config.recipe import DataSection
-    from ..data import build_train_data
+    from infcl_ds.config.recipe import DataSection
+    from infcl_ds.data import build_train_data
     section = DataSection(source="webdataset", train=str(shards), workers=min(8, os.cpu_count() or 1), worker_batch=512,
                           host_batch="encoded", decode_workers=decode_workers, decoder=decoder, augment=True,
                           keep_decoded_gib=0.0)
@@ -116,8 +116,8 @@ def device_rows(shards, samples: int, image_size: int, chunk: int, command: str,
 
 def needed_rows(rate_per_worker: float, recipes: Path):
     """What each recipe's planned step needs from its decoders, per rank."""
-    from ..config import load_recipe
-    from ..plan.plan import make_plan
+    from infcl_ds.config import load_recipe
+    from infcl_ds.plan.plan import make_plan
     rows = []
     for path in sorted(Path(recipes).glob("*.yaml")):
         recipe = load_recipe(path)
@@ -159,3 +159,7 @@ def main(argv=None):
     from .plot_data import plot_data
     plot_data(args.out, args.out.with_suffix(".png"))
     return rows
+
+
+if __name__ == "__main__":
+    main()

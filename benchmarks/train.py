@@ -2,7 +2,7 @@
 default) across this host's GPUs, with this project's loss, inf-cl's, or OpenCLIP's
 local-loss + gather (full logits per rank, where it fits) swapped into the same engine; or
 OpenCLIP's own trainer, open_clip_train, run as a subprocess on the same GPUs and model
-(`--impl open_clip_train`, eager and/or `--torchcompile`: bench/open_clip_train.py).
+(`--impl open_clip_train`, eager and/or `--torchcompile`: open_clip_train.py).
 
 Per row: step time, samples/s, time and peak memory per phase (encode without grad, loss,
 re-encode with grad, optimizer step), the loss+ring share of the step, the planner's
@@ -24,18 +24,17 @@ from pathlib import Path
 
 import torch
 
-from ..config.recipe import DataSection
-from ..training.build import build_engine
-from ..training.resolve import resolve_data
-from .common import free_port, is_oom, join_ranks, run_identity, write_rows
-from .loss import parse_sizes
+from infcl_ds.config.recipe import DataSection
+from infcl_ds.training.build import build_engine
+from infcl_ds.training.resolve import resolve_data
+from .common import free_port, is_oom, join_ranks, parse_sizes, run_identity, write_rows
 
 
 class CyclingHostBatch:
     """A local batch of ``n`` samples drawn cyclically from a pinned host pool (chunk API)."""
 
     def __init__(self, n, pool_images, pool_texts):
-        from ..data import HostBatch
+        from infcl_ds.data import HostBatch
         self.n, self.pool = n, HostBatch(pool_images, pool_texts)
 
     def __len__(self):
@@ -47,7 +46,7 @@ class CyclingHostBatch:
 
 
 def _loss_fn(impl, rank, world):
-    from ..loss import contrastive_loss
+    from infcl_ds.loss import contrastive_loss
     if impl == "infcl_ds":
         return contrastive_loss
     if impl == "inf_cl":  # as its training code calls it: once per direction, over the world
@@ -71,7 +70,7 @@ def _engine(args, impl, rank, world, device):
 
 
 def _recipe(args, world, args_batch, data="synthetic", decoder=None):
-    from ..config import load_recipe
+    from infcl_ds.config import load_recipe
     # Synthetic: the pool is held decoded, so the plan has no decoding to wait for. JPEG: the
     # trainer's encoded host batches from the shards, decoded by the recipe's pool.
     inputs = (["data.host_batch=decoded"] if data == "synthetic" else
@@ -89,7 +88,7 @@ def _recipe(args, world, args_batch, data="synthetic", decoder=None):
 def _prediction(args, B, world, data="synthetic", decoder=None):
     """The planner's per-GPU peak for this configuration, with its runtime reserve and
     without (what torch allocates), and its step time; {} if it cannot say."""
-    from ..plan import make_plan
+    from infcl_ds.plan import make_plan
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 80 * 2**30
     try:
         plan = make_plan(_recipe(args, world, B, data, decoder), world, total, gpus_per_node=world)
@@ -141,7 +140,7 @@ class _JpegBatches:
 
     def __init__(self, args, B, world, rank, info, device, decoder):
         from open_clip import get_tokenizer
-        from ..data import build_train_data
+        from infcl_ds.data import build_train_data
         recipe = resolve_data(_recipe(args, world, B, "jpeg", decoder), world, device)
         self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
         self.data = build_train_data(recipe.data, rank=rank, world_size=world, local_batch=B // world,
@@ -183,9 +182,9 @@ def compiled_gradient_check(model_name, pool, n, device):
     feature difference and the largest parameter-gradient difference, each relative to the
     eager tensor's largest magnitude (bf16 noise is ~1e-2)."""
     import copy
-    from ..engine.compile import compile_encoders
-    from ..engine.towers import fast_tower_modules
-    from ..models import create_model, model_info
+    from infcl_ds.engine.compile import compile_encoders
+    from infcl_ds.engine.towers import fast_tower_modules
+    from infcl_ds.models import create_model, model_info
     torch.manual_seed(0)
     eager = create_model(model_name).to(device=device, dtype=torch.bfloat16)
     compiled = copy.deepcopy(eager)
@@ -215,7 +214,7 @@ def _worker(rank, world, args, port, ident):
     import torch.distributed as torch_dist
     device, group_max = join_ranks(rank, world, port)
     cuda = device.type == "cuda"
-    from ..models import model_info
+    from infcl_ds.models import model_info
     out = Path(args.out)
     rows, meta = [], dict(ident, world=world, argv=args.argv, model=args.model, chunk=args.chunk, zero=args.zero)
     if args.append and out.is_file():
@@ -429,7 +428,7 @@ def open_clip_train_rows(args, world: int) -> None:
     """OpenCLIP's trainer at each batch, eager and compiled: its steady samples/s (steps after
     the first, two for a compiled run, are the untimed warm-up) into --out beside this engine's."""
     from .open_clip_train import logits_bytes, open_clip_train_args, run_open_clip_train
-    from ..models import CONFIG_DIR
+    from infcl_ds.models import CONFIG_DIR
     ident, out = run_identity(), Path(args.out)
     cuda = torch.cuda.is_available()
     # This project's own model configs (infcl-tiny, ...) registered with open_clip there too.
@@ -462,7 +461,7 @@ def open_clip_train_rows(args, world: int) -> None:
 def open_clip_train_shards(shards: str) -> list:
     """open_clip_train's data arguments for the same shards: its WebDataset loader takes a brace
     pattern (a directory is listed as one)."""
-    from ..data.webdataset_source import expand_shards
+    from infcl_ds.data.webdataset_source import expand_shards
     paths = expand_shards(shards)
     pattern = shards if "{" in shards else "::".join(str(p) for p in paths)
     return ["--dataset-type", "webdataset", "--train-data", pattern]

@@ -2,14 +2,32 @@
 import json
 from pathlib import Path
 
+from .harness import as_current
 
-def plot_loss(json_path: Path, png_path: Path) -> None:
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (no display on the GPU machines)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def save(fig, png_path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    pyplot().close(fig)
+
+
+def loss_rows(json_path: Path):
+    """(the file's data, its timed rows in this schema's names) of a loss or ring benchmark."""
     data = json.loads(Path(json_path).read_text())
-    rows = [r for r in data["rows"] if r.get("ms")]
+    return data, [as_current(r) for r in data["rows"] if r.get("ms")]
+
+
+def plot_loss(json_path: Path, png_path: Path) -> None:
+    plt = pyplot()
+    data, rows = loss_rows(json_path)
     dtypes = sorted({r["dtype"] for r in rows})
     fig, axes = plt.subplots(len(dtypes), 2, figsize=(12, 4.5 * len(dtypes)), squeeze=False)
     colors = {"infcl_ds": "tab:blue", "full_logits": "tab:orange", "inf_cl": "tab:red"}
@@ -43,19 +61,13 @@ def plot_loss(json_path: Path, png_path: Path) -> None:
         ax_row[0].legend(fontsize=7, ncol=2)
     meta = data.get("meta", {})
     fig.suptitle(f"bidirectional CLIP loss on {meta.get('device', '?')} (circled: extrapolated)")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)
 
 
 def plot_ring(json_path: Path, png_path: Path) -> None:
     """Per-GPU effective rate and time against the global batch, one line per impl and D."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = json.loads(Path(json_path).read_text())
-    rows = [r for r in data["rows"] if r.get("ms")]
+    plt = pyplot()
+    data, rows = loss_rows(json_path)
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     colors = {"infcl_ds": "tab:blue", "infcl_ds_1gpu": "tab:cyan", "inf_cl": "tab:red", "open_clip": "tab:orange"}
     for impl, color in colors.items():
@@ -66,7 +78,7 @@ def plot_ring(json_path: Path, png_path: Path) -> None:
             xs = [r.get("same_work_as_B", r["B"]) for r in pts]
             style = "-" if k == 0 else "--"
             axes[0].plot(xs, [r["ms"] / 1e3 for r in pts], style, color=color, marker="o", label=f"{impl} D={D}")
-            axes[1].plot(xs, [r["tflops_eff_per_gpu"] for r in pts], style, color=color, marker="o", label=f"{impl} D={D}")
+            axes[1].plot(xs, [r["tflops_eff"] for r in pts], style, color=color, marker="o", label=f"{impl} D={D}")
             mem = [(x, r["peak_mib"] / 1024) for x, r in zip(xs, pts) if r.get("peak_mib")]
             if mem:
                 axes[2].plot(*zip(*mem), style, color=color, marker="o", label=f"{impl} D={D}")
@@ -84,18 +96,42 @@ def plot_ring(json_path: Path, png_path: Path) -> None:
     axes[0].legend(fontsize=7)
     meta = data.get("meta", {})
     fig.suptitle(f"ring over {meta.get('world', '?')} x {meta.get('device', '?')}, bf16 (circled: extrapolated)")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)
+
+
+def plot_siglip(json_path: Path, png_path: Path) -> None:
+    """The sigmoid loss's rate and memory against the batch, one line per impl and D."""
+    plt = pyplot()
+    data, rows = loss_rows(json_path)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {"infcl_ds": "tab:blue", "open_clip": "tab:orange"}
+    for k, D in enumerate(sorted({r["D"] for r in rows})):
+        for impl, color in colors.items():
+            pts = sorted((r for r in rows if r["impl"] == impl and r["D"] == D), key=lambda r: r["B"])
+            if pts:
+                style = ["-", "--", ":"][k % 3]
+                axes[0].plot([r["B"] for r in pts], [r["tflops_eff"] for r in pts], style, color=color, marker="o",
+                             label=f"{impl} D={D}")
+                axes[1].plot([r["B"] for r in pts], [(r["peak_mib"] or 0) / 1024 for r in pts], style, color=color,
+                             marker="o", label=f"{impl} D={D}")
+    for ax, title in zip(axes, ("effective rate 6 B^2 D / time (TFLOP/s)", "peak memory above inputs (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch B")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    if any(r.get("peak_mib") for r in rows):
+        axes[1].set_yscale("log")
+    device = data["meta"].get("device", "")
+    fig.suptitle(f"sigmoid (SigLIP) loss, forward + backward, {rows[0]['dtype'] if rows else ''} on {device}")
+    save(fig, png_path)
 
 
 def plot_train(json_path: Path, png_path: Path) -> None:
     """Engine steps: samples/s and per-phase time against the global batch, per impl; peak
     memory per GPU against the local batch (the slope is the per-sample cost)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = [r for r in data["rows"] if r.get("status") == "measured"]
     colors = {"infcl_ds": "tab:blue", "open_clip": "tab:orange", "inf_cl": "tab:red"}
@@ -129,19 +165,14 @@ def plot_train(json_path: Path, png_path: Path) -> None:
     meta = data["meta"]
     fig.suptitle(f"{meta.get('model', '')} engine steps, {meta.get('world', '?')} x {meta.get('device', '')}, "
                  f"chunk {meta.get('chunk', '?')}, ZeRO-{meta.get('zero', '?')}, commit {meta.get('commit', '')}")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)
 
 
 def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     """Trainers side by side (docs/benchmarks/vs_open_clip.json): steady samples/s of each
     configuration (impl, compiled or eager, ZeRO stage) per model and global batch; a
     configuration that did not run at a batch shows its status instead of a bar."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
     groups = sorted({(r["model"], r["B"]) for r in rows}, key=lambda g: (g[0], g[1]))
@@ -174,6 +205,4 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     ax.set_ylabel("samples / s (steady steps)")
     meta = data["meta"]
     ax.set_title(f"Trainers on {meta.get('device', '')}, commit {meta.get('commit', '')}")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)

@@ -2,17 +2,12 @@
 import json
 from pathlib import Path
 
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from .plot import pyplot, save
 
 
 def plot_data(json_path: Path, png_path: Path) -> None:
     """Decoded samples/s against decode processes, with each recipe's need per rank."""
-    plt = _pyplot()
+    plt = pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -34,14 +29,12 @@ def plot_data(json_path: Path, png_path: Path) -> None:
     meta = data["meta"]
     ax.set_title(f"decode throughput, {meta.get('device', '')} host ({meta.get('cpus', '?')} CPUs), "
                  f"commit {meta.get('commit', '')}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)
 
 
 def plot_host_memory(json_path: Path, png_path: Path) -> None:
     """Host memory and step time of a real run per host form, measured beside planned."""
-    plt = _pyplot()
+    plt = pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
     timelines = [r for r in rows if r.get("host_timeline")]
@@ -62,7 +55,7 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     for ax in axes[:2]:
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.legend(fontsize=8)
-    if timelines:  # when each run's host memory peaked (bench/host_memory.py's MemorySampler)
+    if timelines:  # when each run's host memory peaked (host_memory.py's MemorySampler)
         for r in timelines:
             t, used, shared = zip(*((p[0], p[1], p[3]) for p in r["host_timeline"]))
             line, = axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}: in use above the start")
@@ -76,6 +69,4 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
         axes[2].legend(fontsize=8)
     meta = data["meta"]
     fig.suptitle(f"host batches on {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    save(fig, png_path)

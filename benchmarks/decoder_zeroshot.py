@@ -21,7 +21,7 @@ from pathlib import Path
 from .common import run_identity, write_rows
 
 DEFAULT_OUT = Path("docs/benchmarks/decoder_zeroshot.json")
-RECIPE = Path(__file__).resolve().parents[2] / "ds_configs" / "recipes" / "tiny-cpu.yaml"
+RECIPE = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes" / "tiny-cpu.yaml"
 
 
 def train_once(digits: Path, decoder: str, seed: int, run_dir: Path, steps: int) -> dict:
@@ -53,7 +53,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=200, help="training steps per run (the recipe's: 200)")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     args = p.parse_args(argv)
-    from ..data.digits import build_digits
+    from infcl_ds.data.digits import build_digits
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-decoders-"))
     build_digits(work / "digits", image_format="jpg")
     rows = []

@@ -1,0 +1,63 @@
+"""`infcl-ds bench ring --loss siglip`: the sigmoid loss over a ring of this host's GPUs against
+open_clip's SigLipLoss over the same ranks, side by side in one run.
+
+Rows as siglip.py's, per GPU over W ranks: ``ms`` the slowest rank's, ``peak_mib`` the largest
+rank's, ``tflops_eff`` = 6 B^2 D / W / time, ``peak_mib_budget`` (12 D + 16) B / W bytes + 64 MiB.
+Before any timing, the ring is checked against float64 of the gathered batch (meta.checks).
+"""
+import argparse
+from pathlib import Path
+
+import torch
+
+from .common import free_port, join_ranks, parse_sizes, run_identity
+from .harness import DTYPES, add_row, require_passed, ring_check, run_row
+from .reference import siglip_loss_reference
+from .siglip import IMPLS, infcl_ds_loss, make_inputs, siglip_row
+
+
+def _worker(rank, world, args, port, ident):
+    import torch.distributed as torch_dist
+    device, group_max = join_ranks(rank, world, port)
+    checks = ring_check(infcl_ds_loss(), make_inputs(1031, 768, args.dtype, device, seed=7 + rank), args.dtype,
+                        siglip_loss_reference, rank, world)
+    meta = dict(ident, world=world, argv=args.argv, checks=checks)
+    require_passed(checks, "the sigmoid ring")
+    rows = []
+    open_clip_max = parse_sizes(args.open_clip_max_batch)[0]
+    for D in parse_sizes(args.dim):
+        for B in parse_sizes(args.batch):
+            for impl in args.impl.split(","):
+                row = siglip_row(impl, B, D, args.dtype, world, **ident)
+                if impl == "open_clip" and B > open_clip_max:
+                    row["status"] = "not run (local B x B logits exceed the GPU)"
+                else:
+                    run_row(row, IMPLS[impl](rank, world),
+                            lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
+                            reps=args.reps, long_row_ms=args.long_row_seconds * 1e3)
+                    torch_dist.barrier()
+                add_row(rows, row, args.out, meta, rank)
+    if rank == 0:
+        from .plot import plot_siglip
+        plot_siglip(Path(args.out), Path(args.out).with_suffix(".png"))
+    torch_dist.barrier()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="infcl-ds bench ring --loss siglip", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loss", default="siglip", choices=["siglip"])
+    p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
+    p.add_argument("--batch", default="64k,256k,1m")
+    p.add_argument("--dim", default="768,1152")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--impl", default="infcl_ds,open_clip")
+    p.add_argument("--open-clip-max-batch", default="256k", help="global batch; larger open_clip rows are not run")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--long-row-seconds", type=float, default=2.0)
+    p.add_argument("--out", default="docs/benchmarks/siglip_ring.json")
+    args = p.parse_args(argv)
+    args.argv = argv
+    world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    import torch.multiprocessing as mp
+    mp.spawn(_worker, args=(world, args, free_port(), run_identity()), nprocs=world, join=True)
