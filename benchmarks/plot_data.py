@@ -39,7 +39,9 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     rows = data["rows"]
     timelines = [r for r in rows if r.get("host_timeline")]
     fig, axes = plt.subplots(1, 3 if timelines else 2, figsize=(18 if timelines else 12, 4.5))
-    labels = [f"{r['host_batch']}\n{r['model']} B={r['B']:,}" for r in rows]
+    labels = [f"{r['host_batch']}{' ' + r['decoder'] if r.get('decoder') else ''}\n{r['model']} B={r['B']:,}"
+              + ("\n(partial: no steady step)" if str(r.get("status", "")).startswith("partial") else "")
+              for r in rows]
     x = range(len(rows))
     axes[0].bar([i - 0.27 for i in x], [r.get("peak_rss_gib") or 0 for r in rows], 0.27,
                 label="measured: machine in use above the start")
