@@ -125,7 +125,8 @@ def needed_rows(rate_per_worker: float, recipes: Path):
             continue
         gpus = int(path.stem.rsplit("-", 1)[-1].rstrip("gpu"))
         plan = make_plan(recipe, gpus, 80 * 2 ** 30)
-        need = 2 * recipe.local_batch(gpus) / plan.time.total
+        # The planner's count: one decode a sample per pass, less the rows kept decoded on the GPU.
+        need = plan.inputs.needed if plan.inputs is not None else 0.0
         rows.append({"what": "needed", "recipe": path.name, "gpus": gpus, "model": recipe.model.name,
                      "local_batch": recipe.local_batch(gpus), "plan_step_s": plan.time.total,
                      "decodes_per_s_per_rank": need, "workers_per_rank": need / rate_per_worker})
