@@ -37,6 +37,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
 
+# Why compile_supported says no, for the messages that refuse it.
+ZERO3_BREAKS_COMPILE = "its per-module parameter gathering breaks compiled graphs"
+
+
+def compile_supported(zero_stage: int) -> bool:
+    """Whether the towers can be compiled (model.compile, engine/compile.py) under ZeRO
+    ``zero_stage``: stages 0-2. ZeRO-3 gathers each module's parameters in hooks around its
+    forward and backward, and those hooks break the compiled graphs. Stated here, with the
+    recipe, so that the recipe's checks, the engine and the planner ask one place."""
+    return zero_stage < 3
+
+
 class ModelSection(Section):
     name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
@@ -44,7 +56,7 @@ class ModelSection(Section):
     seed: Annotated[int, Strict(), Field(ge=0, le=2 ** 32 - 1)] = 0
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
     # torch.compile of both towers (engine/compile.py), once per chunk shape and pass. auto: on
-    # for CUDA ranks where the ZeRO stage allows it (engine/compile.py's compile_supported: 0-2),
+    # for CUDA ranks where the ZeRO stage allows it (compile_supported: 0-2),
     # off on CPU ranks (inductor needs a C++ compiler and gains little).
     compile: Union[Literal["auto"], bool] = "auto"
 
@@ -223,7 +235,6 @@ class Recipe(Section):
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
         if self.model.compile is True:
-            from ..engine.compile import ZERO3_BREAKS_COMPILE, compile_supported  # the engine imports this module
             if not compile_supported(self.zero.stage):
                 raise ValueError(f"model.compile=true is not supported with zero.stage={self.zero.stage} "
                                  f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile=false")
@@ -236,7 +247,6 @@ class Recipe(Section):
     def compiles(self, device_type: str) -> bool:
         """Whether ranks on `device_type` ("cuda", "cpu") compile the towers (model.compile)."""
         if self.model.compile == "auto":
-            from ..engine.compile import compile_supported  # the engine imports this module
             return device_type == "cuda" and compile_supported(self.zero.stage)
         return self.model.compile
 

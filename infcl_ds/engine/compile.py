@@ -11,7 +11,7 @@ pass kind (no grad, with grad) and once more for a remainder chunk, never after 
 The towers compiled are those of engine/towers.py (packed attention, the patch embedding as a
 GEMM), which ContrastiveEngine.create swaps in first: compilation fuses around them.
 
-Not under ZeRO-3 (compile_supported, which the recipe, the engine and the planner ask).
+Not under ZeRO-3 (config/recipe.py's compile_supported, which the recipe, the engine and the planner ask).
 Dropout in a compiled tower draws from the same generator state in both passes, but through
 the compiled graph's own random kernels: check such a model with `verify_replay` first.
 """
@@ -21,17 +21,6 @@ import torch
 
 # The towers of open_clip's models: CLIP (visual, transformer), CustomTextCLIP (visual, text).
 TOWER_NAMES = ("visual", "transformer", "text")
-
-# Why compile_supported says no, for the messages that refuse it.
-ZERO3_BREAKS_COMPILE = "its per-module parameter gathering breaks compiled graphs"
-
-
-def compile_supported(zero_stage: int) -> bool:
-    """Whether the towers can be compiled under ZeRO ``zero_stage``: stages 0-2. ZeRO-3
-    gathers each module's parameters in hooks around its forward and backward, and those
-    hooks break the compiled graphs (ZERO3_BREAKS_COMPILE)."""
-    return zero_stage < 3
-
 
 def compile_encoders(model: torch.nn.Module, backend: str = "inductor") -> List[str]:
     """Compile `model`'s towers in place; returns their names. ValueError if it has none."""

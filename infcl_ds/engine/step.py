@@ -98,7 +98,8 @@ class ContrastiveEngine:
         stage = config.get("zero_optimization", {}).get("stage", 0)
         zero3 = stage == 3
         if compile_backend is not None:
-            from .compile import ZERO3_BREAKS_COMPILE, compile_encoders, compile_supported
+            from ..config.recipe import ZERO3_BREAKS_COMPILE, compile_supported
+            from .compile import compile_encoders
             if not compile_supported(stage):
                 raise ValueError(f"compiled encoders (model.compile) are not supported under ZeRO-{stage} "
                                  f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile: false")

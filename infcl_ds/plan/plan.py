@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
-from ..engine.compile import compile_supported
+from ..config.recipe import compile_supported
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError

@@ -73,7 +73,7 @@ COMPILED_ENCODER_RATES: Dict[str, EncoderRate] = {
 _OVERHEADS = read_json("calibration", "overheads.json")
 # ZeRO-3's eager encoder time over ZeRO-2's eager (its per-module hooks). Across GPUs its
 # parameter gathers are communication as well: a floor. ZeRO-3 does not compile the towers
-# (engine/compile.py's compile_supported).
+# (config/recipe.py's compile_supported).
 ZERO3_ENCODER_SLOWDOWN = float(_OVERHEADS["zero3_encoder_slowdown"])
 # ZeRO-3's hooks run on the host around every module of every chunk pass. Large chunks give the
 # GPU enough work to hide them (above); small ones do not: the seconds per no-grad and per grad
