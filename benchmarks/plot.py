@@ -25,6 +25,15 @@ def loss_rows(json_path: Path):
     return data, [as_current(r) for r in data["rows"] if r.get("ms")]
 
 
+def log_axes(ax, xlabel: str, title: str) -> None:
+    """A batch-size axis in powers of two against a logarithmic value axis, gridded."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def plot_loss(json_path: Path, png_path: Path) -> None:
     plt = pyplot()
     data, rows = loss_rows(json_path)
@@ -53,11 +62,7 @@ def plot_loss(json_path: Path, png_path: Path) -> None:
             if not ax.has_data():
                 ax.text(0.5, 0.5, "not measured on this device", ha="center", transform=ax.transAxes)
                 continue
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("batch B")
-            ax.set_title(f"{title}, {dt} inputs")
-            ax.grid(True, which="both", alpha=0.3)
+            log_axes(ax, "batch B", f"{title}, {dt} inputs")
         ax_row[0].legend(fontsize=7, ncol=2)
     meta = data.get("meta", {})
     fig.suptitle(f"bidirectional CLIP loss on {meta.get('device', '?')} (circled: extrapolated)")
@@ -88,11 +93,7 @@ def plot_ring(json_path: Path, png_path: Path) -> None:
     for ax, title in zip(axes, titles):
         if not ax.has_data():
             continue
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("global batch B (1-GPU rows: same per-GPU work)")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
+        log_axes(ax, "global batch B (1-GPU rows: same per-GPU work)", title)
     axes[0].legend(fontsize=7)
     meta = data.get("meta", {})
     fig.suptitle(f"ring over {meta.get('world', '?')} x {meta.get('device', '?')}, bf16 (circled: extrapolated)")
