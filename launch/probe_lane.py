@@ -1,6 +1,7 @@
 """Where the GPU decoder's lane spends its host time (data/device_decode.py BatchedDevicePieces),
 per 1,024-row piece of the photos shards, stage by stage: the blobs made tensors, nvJPEG's
-batched decode, the crop draws, the batched crop-and-resize; alone, then while another thread
+batched decode, the crop draws, the crop-and-resize (one kernel; beside it the former torch-op
+version); alone, then while another thread
 keeps the GPU's launch queue full from Python as the training loop does (the lane shares the
 interpreter lock with it). One GPU:
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from infcl_ds.data.device_decode import CropGeometry, decode_jpegs, resized_crops
+from infcl_ds.data.device_decode import CropGeometry, decode_jpegs, resized_crops, resized_crops_torch
 from infcl_ds.data.transforms import sample_seed, uint8_image_transform
 
 PIECE = 1024
@@ -46,7 +47,12 @@ def stages(blobs, geometry, device):
     resized_crops(images, boxes, geometry.size[0])
     torch.cuda.synchronize()
     t.append(time.perf_counter())
-    return {"decode_s": t[1] - t[0], "boxes_s": t[2] - t[1], "resize_s": t[3] - t[2], "piece_s": t[3] - t[0]}
+    # the former crop-and-resize in torch ops (~7 launches a row), for comparison; not in piece_s
+    resized_crops_torch(images, boxes, geometry.size[0])
+    torch.cuda.synchronize()
+    t.append(time.perf_counter())
+    return {"decode_s": t[1] - t[0], "boxes_s": t[2] - t[1], "resize_s": t[3] - t[2], "piece_s": t[3] - t[0],
+            "resize_torch_ops_s": t[4] - t[3]}
 
 
 class BusyLaunches(threading.Thread):

@@ -9,9 +9,9 @@ JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same w
 neither can decode is replaced as in data/encoded.py.
 
 On the GPU a piece is one batched call of torchvision's decoder (nvJPEG; the hardware engine on
-A100 and later, off the SMs) and one batched crop-and-resize (`resized_crops`): each image's
-antialiased bicubic resize is two small matrix products, batched over the piece, so the cost
-does not grow with launches per image. Both run on a stream of their own, which the consumer's
+A100 and later, off the SMs) and one launch that crops and resizes all its images
+(`resized_crops`, ops/resize.py): the launches of the GPU decoder's lane wait for slots in a
+queue the towers keep full, so their number per piece, not their work, sets its pace. Both run on a stream of their own, which the consumer's
 stream waits for: a chunk decodes while the towers still run the previous one.
 """
 import math
@@ -159,11 +159,20 @@ def resample_weights(in_len: torch.Tensor, out_len: torch.Tensor, offset: torch.
 
 def resized_crops(images: Sequence[torch.Tensor], boxes: Sequence[Box], size: int) -> torch.Tensor:
     """uint8 [n, 3, size, size]: each uint8 [3, h, w] image cropped and resized by its box.
-    Images whose crops round up to the same PAD_TO multiple go together, up to RESIZE_GROUP at
-    a time: the crops are gathered into one zero-padded float32 tensor (one gather), then
-    out = W_rows @ crop @ W_cols^T with resample_weights (two batched products). The padding
-    depends on an image's own crop only, so its pixels do not depend on which images share its
-    piece (a hybrid chunk's rows equal the nvjpeg decoder's)."""
+    On CUDA one kernel launch for all (ops/resize.py: the lane's launches wait behind the
+    towers' in the GPU's queue); on the CPU `resized_crops_torch`, which is also its reference."""
+    if images and images[0].is_cuda:
+        from ..ops.resize import resized_crops_kernel  # Triton: not imported by the CPU's decode processes
+        return resized_crops_kernel(images, boxes, size)
+    return resized_crops_torch(images, boxes, size)
+
+
+def resized_crops_torch(images: Sequence[torch.Tensor], boxes: Sequence[Box], size: int) -> torch.Tensor:
+    """resized_crops in torch ops. Images whose crops round up to the same PAD_TO multiple go
+    together, up to RESIZE_GROUP at a time: the crops are gathered into one zero-padded float32
+    tensor (one gather), then out = W_rows @ crop @ W_cols^T with resample_weights (two batched
+    products). The padding depends on an image's own crop only, so its pixels do not depend on
+    which images share its piece (a hybrid chunk's rows equal the nvjpeg decoder's)."""
     device = images[0].device
     out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
     padded = [(-(-b.height // PAD_TO) * PAD_TO, -(-b.width // PAD_TO) * PAD_TO) for b in boxes]
