@@ -143,9 +143,19 @@ def measured_row(row: dict, run: dict, steps: list) -> dict:
             "host_timeline": run["host_timeline"]}
 
 
+def decoding(recipe) -> dict:
+    """An encoded run's decoder (and the GPU's share of hybrid chunks): part of what it measured."""
+    if recipe.data.host_batch != "encoded":
+        return {}
+    row = {"decoder": recipe.data.decoder}
+    if recipe.data.decoder == "hybrid":
+        row["gpu_decode_share"] = recipe.data.gpu_decode_share
+    return row
+
+
 def row_key(row: dict) -> tuple:
-    """What a row measured: a later run of the same form, model and batch replaces it."""
-    return row["host_batch"], row["model"], row["B"], row["world"]
+    """What a row measured: a later run of the same form, decoder, model and batch replaces it."""
+    return row["host_batch"], row.get("decoder"), row["model"], row["B"], row["world"]
 
 
 def merged(out: Path, rows: list) -> list:
@@ -181,10 +191,10 @@ def main(argv=None):
     if args.resume:
         data = json.loads(args.out.read_text())
         # The row the resume adds to, found before minutes of training: this batch's measured run.
-        key = ("encoded", recipe.model.name, recipe.batch.global_size, 1)
+        key = ("encoded", recipe.data.decoder, recipe.model.name, recipe.batch.global_size, 1)
         row = next((r for r in data["rows"] if row_key(r) == key and r.get("status") == "measured"), None)
         if row is None:
-            raise SystemExit(f"--resume: no measured encoded row of {key[1]} at B={key[2]} in {args.out}: "
+            raise SystemExit(f"--resume: no measured encoded row of {key[2]} at B={key[3]} decoded by {key[1]} in {args.out}: "
                              f"run without --resume first")
         run_dir = Path(f"{recipe.output_dir}-encoded")
         before = {int(s["step"]) for s in step_rows(run_dir)}
@@ -208,7 +218,8 @@ def main(argv=None):
         row = {"host_batch": host_batch, "model": form.model.name, "B": form.batch.global_size, "world": 1,
                "host_gib": host_bytes / GIB, "plan_host_gib": plan.host_bytes / GIB,
                "plan_gpu_gib": plan.peak_gpu_bytes / GIB, "plan_step_s": plan.step_seconds,
-               "plan_compute_step_s": plan.time.total, "bytes_per_sample": None, "plan_line": line, **identity}
+               "plan_compute_step_s": plan.time.total, "bytes_per_sample": None, "plan_line": line, **identity,
+               **decoding(form)}
         if not plan.fits:
             rows.append({**row, "status": "refused by the planner", "command": f"infcl-ds plan --config "
                          f"{args.recipe} --gpus 1 --host-memory {host_bytes / GIB:.0f}GiB "

@@ -205,5 +205,6 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     ax.set_xticklabels([f"{m}\nB={b:,}" for m, b in groups])
     ax.set_ylabel("samples / s (steady steps)")
     meta = data["meta"]
-    ax.set_title(f"Trainers on {meta.get('device', '')}, commit {meta.get('commit', '')}")
+    commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit"))) or meta.get("commit", "")
+    ax.set_title(f"Trainers on {meta.get('device', '')}, commits {commits}")  # rows keep their own
     save(fig, png_path)

@@ -39,7 +39,7 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     rows = data["rows"]
     timelines = [r for r in rows if r.get("host_timeline")]
     fig, axes = plt.subplots(1, 3 if timelines else 2, figsize=(18 if timelines else 12, 4.5))
-    labels = [f"{r['host_batch']}{' ' + r['decoder'] if r.get('decoder') else ''}\n{r['model']} B={r['B']:,}"
+    labels = [f"{r['host_batch']}{' ' + r['decoder'] if r.get('decoder') else ''}\n{r['model']}\nB={r['B']:,}"
               + ("\n(partial: no steady step)" if str(r.get("status", "")).startswith("partial") else "")
               for r in rows]
     x = range(len(rows))
@@ -60,7 +60,8 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     if timelines:  # when each run's host memory peaked (host_memory.py's MemorySampler)
         for r in timelines:
             t, used, shared = zip(*((p[0], p[1], p[3]) for p in r["host_timeline"]))
-            line, = axes[2].plot(t, used, label=f"{r['host_batch']} B={r['B']:,}: in use above the start")
+            line, = axes[2].plot(t, used, label=f"{r['host_batch']} {r.get('decoder') or ''} B={r['B']:,} "
+                                 f"({r.get('commit', '')}): in use above the start")
             axes[2].plot(t, shared, ls=":", color=line.get_color(), label="the machine's shared memory")
             if len(r["host_timeline"][0]) > 5:  # timelines from before the PSS column have 5
                 axes[2].plot(t, [p[5] for p in r["host_timeline"]], ls="--", color=line.get_color(),
@@ -70,5 +71,6 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
         axes[2].set_title("host memory over the run")
         axes[2].legend(fontsize=8)
     meta = data["meta"]
-    fig.suptitle(f"host batches on {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
+    commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))  # each row's own
+    fig.suptitle(f"host batches on {meta.get('device', '')}, commits {commits}", fontsize=10)
     save(fig, png_path)

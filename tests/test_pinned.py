@@ -39,12 +39,14 @@ def test_page_locked_exactly_and_copies_asynchronously():
 @pytest.mark.gpu
 @cuda
 def test_batches_assembled_ahead_are_page_locked():
+    """Decoded host batches (encoded ones hold bytes: test_encoded.py checks their pinned window)."""
     from data_section import data_section
     from infcl_ds.data import build_train_data
     from infcl_ds.models import get_tokenizer
     torch.cuda.init()
-    data = build_train_data(data_section({"source": "synthetic", "synthetic_size": 64, "workers": 0}), rank=0,
-                            world_size=1, local_batch=16, seed=0, image_size=16, tokenizer=get_tokenizer("ViT-B-32"))
+    section = data_section({"source": "synthetic", "synthetic_size": 64, "workers": 0, "host_batch": "decoded"})
+    data = build_train_data(section, rank=0, world_size=1, local_batch=16, seed=0, image_size=16,
+                            tokenizer=get_tokenizer("ViT-B-32"))
     batches = list(data)
     assert len(batches) == 4 and all(b.images.is_pinned() and b.texts.is_pinned() for b in batches)
     images, texts = batches[1].chunk(0, 8, torch.device("cuda"), torch.bfloat16)
