@@ -1,7 +1,7 @@
 """Where the GPU decoder's lane spends its host time (data/device_decode.py BatchedDevicePieces),
 per 1,024-row piece of the photos shards, stage by stage: the blobs made tensors, nvJPEG's
-batched decode, the crop draws, the crop-and-resize (one kernel; beside it the former torch-op
-version); alone, then while another thread
+batched decode, the crop draws (all rows at once; beside them the former row-by-row draws), the
+crop-and-resize (one kernel; beside it the former torch-op version); alone, then while another thread
 keeps the GPU's launch queue full from Python as the training loop does (the lane shares the
 interpreter lock with it). One GPU:
 
@@ -42,7 +42,7 @@ def stages(blobs, geometry, device):
     images = decode_jpegs(blobs, device)
     torch.cuda.synchronize()
     t.append(time.perf_counter())
-    boxes = [geometry.box(im, sample_seed(0, 0, i)) for i, im in enumerate(images)]
+    boxes = geometry.boxes(images, [sample_seed(0, 0, i) for i in range(len(images))])
     t.append(time.perf_counter())
     resized_crops(images, boxes, geometry.size[0])
     torch.cuda.synchronize()
@@ -51,8 +51,11 @@ def stages(blobs, geometry, device):
     resized_crops_torch(images, boxes, geometry.size[0])
     torch.cuda.synchronize()
     t.append(time.perf_counter())
+    # and the crops drawn row by row through torch's generator, as before crop_draws.py
+    [geometry.box(im, sample_seed(0, 0, i)) for i, im in enumerate(images)]
+    t.append(time.perf_counter())
     return {"decode_s": t[1] - t[0], "boxes_s": t[2] - t[1], "resize_s": t[3] - t[2], "piece_s": t[3] - t[0],
-            "resize_torch_ops_s": t[4] - t[3]}
+            "resize_torch_ops_s": t[4] - t[3], "boxes_row_by_row_s": t[5] - t[4]}
 
 
 class BusyLaunches(threading.Thread):

@@ -22,6 +22,7 @@ import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
+from .crop_draws import crop_draws
 from .device_lane import handed_over
 from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
@@ -74,6 +75,19 @@ class CropGeometry:
         out_h, out_w = _resized_size(height, width, self.resize.size, self.resize.max_size)
         # torchvision's CenterCrop rounds the offsets so; the resize never leaves less than a crop.
         return Box(0, 0, height, width, out_h, out_w, int(round((out_h - s) / 2.0)), int(round((out_w - s) / 2.0)))
+
+
+    def boxes(self, images: Sequence[torch.Tensor], seeds: Sequence[int]) -> List[Box]:
+        """box() for each image, the random crops drawn for all rows at once (crop_draws.py)
+        where that equals torch's draws in this process, else row by row."""
+        if self.random_crop is None:
+            return [self.box(image, seed) for image, seed in zip(images, seeds)]
+        s = self.size[0]
+        drawn = crop_draws([im.shape[-2] for im in images], [im.shape[-1] for im in images], seeds,
+                           self.random_crop.scale, self.random_crop.ratio)
+        if drawn is None:
+            return [self.box(image, seed) for image, seed in zip(images, seeds)]
+        return [Box(top, left, h, w, s, s, 0, 0) for top, left, h, w in drawn]
 
 
 def random_resized_crop_params(height: int, width: int, scale, ratio, seed: int) -> tuple:
@@ -284,7 +298,8 @@ class BatchedDevicePieces(DecodePieces):
         images = decode_jpegs(blobs, self.device)
         source = replacement_sources([image is not None for image in images], row0)
         usable = [r for r, image in enumerate(images) if image is not None]
-        boxes = [self.geometry.box(images[r], sample_seed(self.seed, epoch, indices[r])) for r in usable]
+        boxes = self.geometry.boxes([images[r] for r in usable],
+                                    [sample_seed(self.seed, epoch, indices[r]) for r in usable])
         pixels = resized_crops([images[r] for r in usable], boxes, self.geometry.size[0])
         position = {r: p for p, r in enumerate(usable)}
         if len(usable) < len(images):
