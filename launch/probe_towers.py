@@ -17,6 +17,7 @@ import time
 import torch
 
 from infcl_ds.engine.compile import compile_encoders
+from infcl_ds.engine.float8 import float8_linears
 from infcl_ds.engine.towers import fast_tower_modules
 from infcl_ds.models import create_model
 
@@ -28,27 +29,9 @@ VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark, f
     ("compiled+packed", True, True, False, False, False),
     ("compiled+packed+patch_gemm", True, True, True, False, False),
     ("compiled+packed+cudnn_benchmark", True, True, False, True, False),
-    # torchao's float8 training (rowwise scales) on every nn.Linear whose sides are multiples of 16
+    # model.float8: torchao's float8 training (rowwise scales) on the towers' nn.Linear layers
     ("compiled+packed+patch_gemm+float8", True, True, True, False, True),
 ]
-
-
-def to_float8(model):
-    """torchao's float8 training on the towers' linear layers (rowwise scaling), in place; the
-    number of layers converted. torchao is imported here only: the other variants need none."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    converted = []
-
-    def wanted(module, fqn):
-        ok = (isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0
-              and module.out_features % 16 == 0)
-        if ok:
-            converted.append(fqn)
-        return ok
-
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
-                               module_filter_fn=wanted)
-    return len(converted)
 
 
 def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
@@ -56,7 +39,7 @@ def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
     torch.backends.cudnn.benchmark = benchmark
     model = create_model(name, seed=0).cuda().bfloat16()
     fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
-    float8_layers = to_float8(model) if float8 else 0
+    float8_layers = len(float8_linears(model)) if float8 else 0  # model.float8's layers (engine/float8.py)
     if compiled:
         compile_encoders(model)
     size = model.visual.preprocess_cfg["size"]

@@ -49,6 +49,13 @@ def compile_supported(zero_stage: int) -> bool:
     return zero_stage < 3
 
 
+def float8_supported(zero_stage: int) -> bool:
+    """Whether the towers' float8 linear layers (model.float8, engine/float8.py) run under ZeRO
+    ``zero_stage``: 0-2. Under ZeRO-3 they are untested (its per-module gathering around
+    torchao's Float8Linear), so refused rather than assumed."""
+    return zero_stage < 3
+
+
 class ModelSection(Section):
     name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
@@ -59,6 +66,10 @@ class ModelSection(Section):
     # for CUDA ranks where the ZeRO stage allows it (compile_supported: 0-2),
     # off on CPU ranks (inductor needs a C++ compiler and gains little).
     compile: Union[Literal["auto"], bool] = "auto"
+    # The towers' linear layers in float8 with torchao's rowwise scales (engine/float8.py): opt-in,
+    # not bf16's numerics; CUDA GPUs of compute capability 8.9+ (H100, H200); ZeRO 0-2. emulate:
+    # the same rounding through torchao's emulation on any device (slow; for checking numerics).
+    float8: Union[bool, Literal["emulate"]] = False
 
 
 SYNTHETIC_SIZE = 4096
@@ -234,6 +245,10 @@ class Recipe(Section):
         if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
+        if self.model.float8 and not float8_supported(self.zero.stage):
+            raise ValueError(f"model.float8={self.model.float8} is not supported with zero.stage={self.zero.stage} "
+                             f"(float8 linear layers under ZeRO-3's parameter gathering are untested): "
+                             f"use zero.stage 0-2 or model.float8: false")
         if self.model.compile is True:
             if not compile_supported(self.zero.stage):
                 raise ValueError(f"model.compile=true is not supported with zero.stage={self.zero.stage} "

@@ -82,10 +82,11 @@ class ContrastiveEngine:
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
                offload_features=False, grad_accum_fp32=True, loss_fn=None, time_phases=False, loss="clip",
-               compile_backend=None, **ds_kwargs):
+               compile_backend=None, float8=False, **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, give its towers the fast forwards
-        (engine/towers.py), build the engine, wrap it. With `compile_backend` (e.g. "inductor"),
-        the encoders are compiled first (engine/compile.py)."""
+        (engine/towers.py), build the engine, wrap it. With `float8` (True or "emulate") the
+        towers' linear layers run in float8 (engine/float8.py); with `compile_backend` (e.g.
+        "inductor"), the encoders are then compiled (engine/compile.py)."""
         import deepspeed
 
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
@@ -97,6 +98,12 @@ class ContrastiveEngine:
         fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
         stage = config.get("zero_optimization", {}).get("stage", 0)
         zero3 = stage == 3
+        if float8:
+            from ..config.recipe import float8_supported
+            from .float8 import float8_linears
+            if not float8_supported(stage):
+                raise ValueError(f"model.float8 is not supported under ZeRO-{stage}: use zero.stage 0-2")
+            float8_linears(model, emulate=float8 == "emulate")
         if compile_backend is not None:
             from ..config.recipe import ZERO3_BREAKS_COMPILE, compile_supported
             from .compile import compile_encoders

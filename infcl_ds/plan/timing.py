@@ -272,6 +272,8 @@ def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRat
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
                                                                      encoder_tflops, recipe.compiles("cuda"))
+    if recipe.model.float8:
+        source += "; model.float8: the bf16 towers' rate (float8's not measured yet)"
     if recipe.zero.stage >= 3:
         passes = math.ceil(local / recipe.batch.chunk)
         zero2 = encode + reencode

@@ -40,6 +40,10 @@ def build_engine(recipe: Recipe, world: int, device: torch.device, *, rank: int 
     passes a resharding resume's). `check_model(model)` runs before DeepSpeed is set up (the
     trainer's free-disk check: every rank raises alike, before any collective). `loss_fn`
     and `time_phases`: ContrastiveEngine's (the benchmarks' swapped-in losses and phase timings)."""
+    from ..engine.float8 import float8_unavailable
+    unavailable = float8_unavailable(recipe.model.float8, device)  # every rank, before any collective
+    if unavailable:
+        raise ValueError(unavailable)
     if recipe.batch.chunk == "auto":
         recipe = resolve_auto_chunk(recipe, world, device, rank)
     random.seed(recipe.model.seed)
@@ -57,5 +61,6 @@ def build_engine(recipe: Recipe, world: int, device: torch.device, *, rank: int 
         model.to(device), ds_config if ds_config is not None else build_deepspeed_config(recipe, world),
         recipe.batch.chunk, optimizer=optimizer, offload_features=recipe.batch.offload_features,
         grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
-        loss_fn=loss_fn, time_phases=time_phases, compile_backend="inductor" if recipe.compiles(device.type) else None)
+        loss_fn=loss_fn, time_phases=time_phases, compile_backend="inductor" if recipe.compiles(device.type) else None,
+        float8=recipe.model.float8)
     return BuiltEngine(recipe, engine, optimizer)

@@ -16,7 +16,7 @@ from ..shown import shown
 from .safe_load import CheckpointError
 
 TRAJECTORY_KEYS = (
-    "model.name", "model.seed", "model.loss",
+    "model.name", "model.seed", "model.loss", "model.float8",
     "data.source", "data.train", "data.csv_img_key", "data.csv_caption_key", "data.csv_separator",
     "data.synthetic_size", "data.augment",
     "batch.global",
@@ -25,6 +25,8 @@ TRAJECTORY_KEYS = (
     "precision.dtype",
     "zero.stage",
 )
+# Keys newer than some checkpoints: absent from a saved recipe means the value it ran with.
+ABSENT_MEANS = {"model.float8": False}
 
 
 def _lookup(tree: Dict[str, Any], dotted: str):
@@ -60,8 +62,9 @@ def trajectory_changes(saved_yaml: str, current_yaml: str, saved_from: str = "th
     for key in TRAJECTORY_KEYS:
         before, after = _leaves(_lookup(saved, key), key), _leaves(_lookup(current, key), key)
         for leaf in sorted(set(before) | set(after)):
-            if before.get(leaf) != after.get(leaf):
-                changes.append(f"{leaf}: {shown(before.get(leaf), 60)} -> {shown(after.get(leaf), 60)}")
+            was, now = (ABSENT_MEANS.get(leaf) if v is None else v for v in (before.get(leaf), after.get(leaf)))
+            if was != now:
+                changes.append(f"{leaf}: {shown(was, 60)} -> {shown(now, 60)}")
     return changes
 
 
