@@ -8,23 +8,11 @@ from torchvision.transforms import functional as F
 
 from infcl_ds.data.device_decode import Box, CropGeometry, resized_crops
 from infcl_ds.data.transforms import uint8_image_transform
-
-
-def random_images(count: int, seed: int, largest: int = 90):
-    g = torch.Generator().manual_seed(seed)
-    draw = lambda hi: int(torch.randint(1, hi + 1, (1,), generator=g))  # noqa: E731
-    images, boxes = [], []
-    for _ in range(count):
-        height, width = draw(largest), draw(largest)
-        h, w = draw(height), draw(width)
-        top, left = draw(height - h + 1) - 1, draw(width - w + 1) - 1
-        images.append(torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=g))
-        boxes.append(Box(top, left, h, w, 24, 24, 0, 0))
-    return images, boxes
+from crops import random_crops
 
 
 def test_batched_crops_equal_torchvisions_resize_image_by_image():
-    images, boxes = random_images(50, seed=0)
+    images, boxes = random_crops(50, seed=0)
     images.append(torch.randint(0, 256, (3, 1, 1), dtype=torch.uint8))  # one pixel, grown to 24 x 24
     boxes.append(Box(0, 0, 1, 1, 24, 24, 0, 0))
     got = resized_crops(images, boxes, 24)
@@ -45,7 +33,7 @@ def test_batched_crops_equal_torchvisions_resize_image_by_image():
 
 def test_an_images_pixels_do_not_depend_on_the_images_beside_it():
     """A row decoded in a hybrid chunk's GPU share equals the same row in an nvjpeg chunk."""
-    images, boxes = random_images(30, seed=1)
+    images, boxes = random_crops(30, seed=1)
     whole = resized_crops(images, boxes, 24)
     for lo, hi in ((0, 7), (7, 8), (8, 30)):
         assert torch.equal(resized_crops(images[lo:hi], boxes[lo:hi], 24), whole[lo:hi])

@@ -9,25 +9,13 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 
+from crops import random_crops
 from devices import DEVICE
 from infcl_ds.data.device_decode import Box, CropGeometry, resized_crops_torch
 from infcl_ds.data.transforms import uint8_image_transform
 from infcl_ds.ops.resize import max_taps, resized_crops_kernel
 
 pytestmark = pytest.mark.gpu
-
-
-def random_crops(count: int, seed: int, largest: int, size: int):
-    g = torch.Generator().manual_seed(seed)
-    draw = lambda hi: int(torch.randint(1, hi + 1, (1,), generator=g))  # noqa: E731
-    images, boxes = [], []
-    for _ in range(count):
-        height, width = draw(largest), draw(largest)
-        h, w = draw(height), draw(width)
-        top, left = draw(height - h + 1) - 1, draw(width - w + 1) - 1
-        images.append(torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=g))
-        boxes.append(Box(top, left, h, w, size, size, 0, 0))
-    return images, boxes
 
 
 def assert_within_rounding(got: torch.Tensor, want: torch.Tensor):

@@ -53,7 +53,8 @@ def _uniform(raw: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return (x * np.float64(t - f) + np.float64(f)).astype(np.float32)
 
 
-def _central(height: int, width: int, ratio) -> Tuple[int, int, int, int]:
+def central_crop(height: int, width: int, ratio) -> Tuple[int, int, int, int]:
+    """RandomResizedCrop's crop where none of its draws fits: the largest central one within `ratio`."""
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
@@ -85,7 +86,7 @@ def random_resized_crops(heights: Sequence[int], widths: Sequence[int], seeds: S
     for r, a in enumerate(first.tolist()):
         height, width = int(H[r]), int(W[r])
         if a < 0:  # no draw fitted: the central crop
-            out.append(_central(height, width, ratio))
+            out.append(central_crop(height, width, ratio))
             continue
         ch, cw = int(h[a, r]), int(w[a, r])
         # the two randint draws follow the accepted attempt's two uniforms

@@ -22,7 +22,7 @@ import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
-from .crop_draws import crop_draws
+from .crop_draws import central_crop, crop_draws
 from .device_lane import handed_over
 from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
@@ -107,14 +107,7 @@ def random_resized_crop_params(height: int, width: int, scale, ratio, seed: int)
             i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
             j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
             return i, j, h, w
-    in_ratio = float(width) / float(height)  # no draw fitted: the central crop
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+    return central_crop(height, width, ratio)  # no draw fitted
 
 
 def _resized_size(height: int, width: int, size, max_size) -> tuple:
