@@ -76,7 +76,6 @@ class CropGeometry:
         # torchvision's CenterCrop rounds the offsets so; the resize never leaves less than a crop.
         return Box(0, 0, height, width, out_h, out_w, int(round((out_h - s) / 2.0)), int(round((out_w - s) / 2.0)))
 
-
     def boxes(self, images: Sequence[torch.Tensor], seeds: Sequence[int]) -> List[Box]:
         """box() for each image, the random crops drawn for all rows at once (crop_draws.py)
         where that equals torch's draws in this process, else row by row."""
