@@ -95,7 +95,9 @@ def _float8_step(rank, world, setting):
     from infcl_ds.config import load_recipe
     from infcl_ds.training.build import build_engine
     recipe = load_recipe("ds_configs/recipes/tiny-cpu.yaml", ["model.name=infcl-tiny", f"model.float8={str(setting).lower()}",
-                                                             "batch.global=32", "batch.chunk=16", "model.compile=false"])
+                                                             "batch.global=32", "batch.chunk=16", "model.compile=false",
+                                                             # float8's setting on GPUs: bf16 towers
+                                                             *(["precision.dtype=bf16"] if GPU else [])])
     built = build_engine(recipe, world, DEVICE, rank=rank)
     g = torch.Generator().manual_seed(rank)
     images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=g).float().div(255).to(DEVICE)
