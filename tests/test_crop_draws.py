@@ -1,5 +1,5 @@
 """data/crop_draws.py: RandomResizedCrop's draws for many rows at once, against torch's own
-generator drawn row by row (device_decode.random_resized_crop_params, itself checked against
+generator drawn row by row (crop_draws.random_resized_crop_params, itself checked against
 torchvision's get_params under the global seed in test_device_decode.py). Exact equality: a crop
 off by one pixel would give the GPU decoder other pixels than the PIL path's."""
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from infcl_ds.data import crop_draws
-from infcl_ds.data.crop_draws import mt19937_first_outputs, random_resized_crops
-from infcl_ds.data.device_decode import Box, CropGeometry, random_resized_crop_params
+from infcl_ds.data.crop_draws import mt19937_first_outputs, random_resized_crop_params, random_resized_crops
+from infcl_ds.data.device_decode import Box, CropGeometry
 from infcl_ds.data.transforms import uint8_image_transform
 
 

@@ -57,7 +57,7 @@ def test_crop_draws_equal_torchvisions_under_the_global_seed_without_touching_it
     """The GPU decoder's thread draws each crop from a generator of its own, with the draws
     the PIL path makes from torch's global generator under the same seed."""
     from torchvision.transforms import RandomResizedCrop
-    from infcl_ds.data.device_decode import random_resized_crop_params
+    from infcl_ds.data.crop_draws import random_resized_crop_params
     from infcl_ds.data.transforms import seeded_cpu_generator
     before = torch.get_rng_state()
     for seed, (height, width) in enumerate([(40, 61), (300, 20), (1, 1), (224, 224), (17, 900)] * 20):

@@ -2,7 +2,7 @@
 
 The PIL path crops each sample under torch's CPU generator seeded with the sample's own seed
 (data/transforms.py), and the GPU decoder must draw the same crops. Drawn one row at a time
-through `torch.Generator` (device_decode.random_resized_crop_params) that is ~20 small torch
+through `torch.Generator` (random_resized_crop_params) that is ~20 small torch
 calls a row: 0.15 s per 1,024 rows alone and 0.18 s beside the training loop, the largest part
 of the GPU decoder's host time once its resize became one launch (launch/probe_lane.py).
 
@@ -17,6 +17,7 @@ Here the same numbers come from numpy, vectorised over the rows:
 `verified()` checks all of that against torch's own draws for a few hundred rows once per
 process, so a torch whose kernels round otherwise gets the row-by-row draws instead of wrong crops.
 """
+import math
 from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
@@ -65,6 +66,26 @@ def central_crop(height: int, width: int, ratio) -> Tuple[int, int, int, int]:
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+def random_resized_crop_params(height: int, width: int, scale, ratio, seed: int) -> tuple:
+    """torchvision's RandomResizedCrop.get_params, step for step, drawing from a generator of its
+    own seeded with `seed`: the draws of the PIL path, which runs the transform under this seed
+    on torch's global generator (get_params is its first draw), without touching that global
+    generator, which the GPU decoder's thread must not share with the training loop."""
+    generator = torch.Generator().manual_seed(seed)
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(ATTEMPTS):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
+            j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
+            return i, j, h, w
+    return central_crop(height, width, ratio)  # no draw fitted
+
+
 def random_resized_crops(heights: Sequence[int], widths: Sequence[int], seeds: Sequence[int], scale,
                          ratio) -> List[Tuple[int, int, int, int]]:
     """(top, left, height, width) per row: RandomResizedCrop.get_params(image of heights[r] x
@@ -98,7 +119,6 @@ def random_resized_crops(heights: Sequence[int], widths: Sequence[int], seeds: S
 def verified(scale: Tuple[float, float], ratio: Tuple[float, float]) -> bool:
     """Whether random_resized_crops equals torch's row-by-row draws in this process's torch, on
     rows of many shapes (draws accepted at once, after rejections, and none)."""
-    from .device_decode import random_resized_crop_params
     rng = np.random.default_rng(0)
     heights = [int(v) for v in rng.integers(1, 800, 384)] + [1, 2, 3, 5000, 7]
     widths = [int(v) for v in rng.integers(1, 800, 384)] + [1, 900, 2, 5, 7]

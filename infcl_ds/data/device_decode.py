@@ -14,7 +14,6 @@ A100 and later, off the SMs) and one launch that crops and resizes all its image
 queue the towers keep full, so their number per piece, not their work, sets its pace. Both run on a stream of their own, which the consumer's
 stream waits for: a chunk decodes while the towers still run the previous one.
 """
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -22,7 +21,7 @@ import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
-from .crop_draws import central_crop, crop_draws
+from .crop_draws import crop_draws, random_resized_crop_params
 from .device_lane import handed_over
 from .encoded import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
@@ -87,26 +86,6 @@ class CropGeometry:
         if drawn is None:
             return [self.box(image, seed) for image, seed in zip(images, seeds)]
         return [Box(top, left, h, w, s, s, 0, 0) for top, left, h, w in drawn]
-
-
-def random_resized_crop_params(height: int, width: int, scale, ratio, seed: int) -> tuple:
-    """torchvision's RandomResizedCrop.get_params, step for step, drawing from a generator of its
-    own seeded with `seed`: the draws of the PIL path, which runs the transform under this seed
-    on torch's global generator (get_params is its first draw), without touching that global
-    generator, which the GPU decoder's thread must not share with the training loop."""
-    generator = torch.Generator().manual_seed(seed)
-    area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)).item()
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
-            j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
-            return i, j, h, w
-    return central_crop(height, width, ratio)  # no draw fitted
 
 
 def _resized_size(height: int, width: int, size, max_size) -> tuple:
