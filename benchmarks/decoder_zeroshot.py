@@ -9,40 +9,23 @@ the mean over seeds and its difference from PIL's.
     infcl-ds bench decoders --decoders pil,nvjpeg --seeds 0,1
 """
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from .common import run_identity, write_rows
+from .digits_runs import train_digits
 
 DEFAULT_OUT = Path("docs/benchmarks/decoder_zeroshot.json")
-RECIPE = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes" / "tiny-cpu.yaml"
 
 
 def train_once(digits: Path, decoder: str, seed: int, run_dir: Path, steps: int) -> dict:
-    """One single-GPU training run; its eval.json's zero-shot top-1 and the wall time."""
-    sets = [f"output_dir={run_dir}", f"data.train={digits / 'train'}", f"data.eval={digits / 'test'}",
-            f"data.decoder={decoder}", f"model.seed={seed}", f"schedule.steps={steps}",
-            f"schedule.warmup_steps={min(20, steps)}", f"eval.every={steps}", f"checkpoint.every={steps}",
-            "logging.tensorboard=false",
-            "logging.progress=false"]
-    command = [sys.executable, "-m", "infcl_ds.train", "--config", str(RECIPE)]
-    for item in sets:
-        command += ["--set", item]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WORLD_SIZE": "1", "RANK": "0",
-                                                                        "LOCAL_RANK": "0"})
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"training with data.decoder={decoder} seed {seed} failed:\n{done.stderr[-3000:]}")
-    results = json.loads((run_dir / "eval.json").read_text())
-    return {"decoder": decoder, "seed": seed, "steps": steps, "zeroshot_top1": results["zeroshot_top1"],
-            "train_s": seconds}
+    """One single-GPU training run; its zero-shot top-1 and the wall time."""
+    run = train_digits(digits, run_dir, steps, [f"data.decoder={decoder}", f"model.seed={seed}"],
+                       f"data.decoder={decoder} seed {seed}")
+    return {"decoder": decoder, "seed": seed, "steps": steps, "zeroshot_top1": run["zeroshot_top1"],
+            "train_s": run["train_s"]}
 
 
 def main(argv=None):

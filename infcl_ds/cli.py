@@ -19,6 +19,8 @@ COMMANDS = {
     "bench data": ("benchmarks.data", "main", "decode throughput of encoded host batches, beside what recipes need"),
     "bench decoders": ("benchmarks.decoder_zeroshot", "main",
                        "zero-shot accuracy of the quickstart trained with each data.decoder (GPU)"),
+    "bench float8": ("benchmarks.float8_training", "main",
+                     "loss curves and zero-shot accuracy of the quickstart in bf16 and with model.float8 (GPU)"),
 }
 
 

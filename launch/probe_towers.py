@@ -21,16 +21,21 @@ from infcl_ds.engine.float8 import float8_linears
 from infcl_ds.engine.towers import fast_tower_modules
 from infcl_ds.models import create_model
 
-VARIANTS = [  # name, compiled, packed attention, patch GEMM, cudnn.benchmark, float8 linears
+# Inductor's GEMMs autotuned among cuBLAS and its own Triton templates (Hopper's TMA ones too),
+# whose epilogues can take the elementwise work after a GEMM (bias, GELU) into the GEMM's kernel.
+MAX_AUTOTUNE = {"max_autotune": True, "triton.enable_persistent_tma_matmul": True}
+
+VARIANTS = [  # name, compiled (False, or inductor's options), packed attention, patch GEMM, cudnn.benchmark, float8
     ("eager", False, False, False, False, False),
     ("eager+packed+patch_gemm", False, True, True, False, False),
-    ("compiled", True, False, False, False, False),
-    ("compiled+cudnn_benchmark", True, False, False, True, False),
-    ("compiled+packed", True, True, False, False, False),
-    ("compiled+packed+patch_gemm", True, True, True, False, False),
-    ("compiled+packed+cudnn_benchmark", True, True, False, True, False),
-    # model.float8: torchao's float8 training (rowwise scales) on the towers' nn.Linear layers
-    ("compiled+packed+patch_gemm+float8", True, True, True, False, True),
+    ("compiled", {}, False, False, False, False),
+    ("compiled+cudnn_benchmark", {}, False, False, True, False),
+    ("compiled+packed", {}, True, False, False, False),
+    ("compiled+packed+patch_gemm", {}, True, True, False, False),
+    ("compiled+packed+cudnn_benchmark", {}, True, False, True, False),
+    ("compiled+packed+patch_gemm+max_autotune", MAX_AUTOTUNE, True, True, False, False),
+    # model.float8: torchao's float8 training (rowwise scales) on the towers' linear layers
+    ("compiled+packed+patch_gemm+float8", {}, True, True, False, True),
 ]
 
 
@@ -40,8 +45,8 @@ def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
     model = create_model(name, seed=0).cuda().bfloat16()
     fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
     float8_layers = len(float8_linears(model)) if float8 else 0  # model.float8's layers (engine/float8.py)
-    if compiled:
-        compile_encoders(model)
+    if compiled is not False:
+        compile_encoders(model, options=compiled or None)
     size = model.visual.preprocess_cfg["size"]
     size = size if isinstance(size, int) else size[0]
     gen = torch.Generator(device="cuda").manual_seed(0)

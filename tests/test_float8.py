@@ -45,6 +45,28 @@ def test_the_towers_linear_layers_are_converted_and_nothing_else():
     assert list(model.state_dict()) == keys
 
 
+def test_the_packed_qkv_projection_is_float8_on_the_same_parameters():
+    """engine/towers.py's packed attention computes QKV from two Parameters, not an nn.Linear: its
+    float8 layer is built on those Parameters and kept out of the module tree."""
+    from infcl_ds.engine.towers import fast_tower_modules
+    model = tiny()
+    fast_tower_modules(model)
+    before, keys = dict(model.named_parameters()), list(model.state_dict())
+    converted = float8_linears(model, emulate=True)
+    attention = model.visual.transformer.resblocks[0].attn
+    assert "visual.transformer.resblocks.0.attn.in_proj" in converted and len(converted) == 8, converted
+    projection = attention.in_proj_module
+    assert type(projection).__name__ == "Float8Linear"
+    assert projection.weight is attention.in_proj_weight and projection.bias is attention.in_proj_bias
+    assert dict(model.named_parameters()) == before and list(model.state_dict()) == keys  # nothing registered twice
+    x = torch.randn(2, 5, attention.embed_dim)
+    with torch.no_grad():
+        emulated = projection(x)
+        exact = torch.nn.functional.linear(x, attention.in_proj_weight, attention.in_proj_bias)
+    assert 1e-4 < ((emulated - exact).norm() / exact.norm()).item() < 0.1  # float8's rounding, not another function
+    assert float8_linears(model, emulate=True) == [n for n in converted if not n.endswith(".in_proj")]  # once
+
+
 def test_layers_with_unaligned_sides_stay_and_a_model_with_none_is_refused():
     class Towers(torch.nn.Module):
         def __init__(self):

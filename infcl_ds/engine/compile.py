@@ -15,20 +15,21 @@ Not under ZeRO-3 (config/recipe.py's compile_supported, which the recipe, the en
 Dropout in a compiled tower draws from the same generator state in both passes, but through
 the compiled graph's own random kernels: check such a model with `verify_replay` first.
 """
-from typing import List
+from typing import List, Optional
 
 import torch
 
 # The towers of open_clip's models: CLIP (visual, transformer), CustomTextCLIP (visual, text).
 TOWER_NAMES = ("visual", "transformer", "text")
 
-def compile_encoders(model: torch.nn.Module, backend: str = "inductor") -> List[str]:
-    """Compile `model`'s towers in place; returns their names. ValueError if it has none."""
+def compile_encoders(model: torch.nn.Module, backend: str = "inductor", options: Optional[dict] = None) -> List[str]:
+    """Compile `model`'s towers in place (`options`: the backend's, e.g. inductor's config keys);
+    returns their names. ValueError if it has none."""
     towers = [name for name in TOWER_NAMES if isinstance(getattr(model, name, None), torch.nn.Module)]
     if not towers:
         raise ValueError(f"model.compile: {type(model).__name__} has none of the towers {TOWER_NAMES} to compile")
     for name in towers:
-        getattr(model, name).compile(backend=backend, dynamic=False)
+        getattr(model, name).compile(backend=backend, dynamic=False, options=options)
     return towers
 
 

@@ -12,19 +12,23 @@ alignment) becomes torchao's Float8Linear with rowwise scales: the input, the we
 output gradient are cast to float8 (e4m3) with one scale per row, each GEMM runs in float8 with
 bf16 output, the weights and their gradients stay in the model's dtype. The module class changes,
 the parameters do not (the same Parameter objects: the optimizer built before, the state dict,
-checkpoints and `infcl-ds export` are unchanged). Not converted: the packed QKV projection of
-engine/towers.py (a parameter of the attention module, not an nn.Linear), the patch embedding, the
-projections and the loss (bf16/fp32 as before).
+checkpoints and `infcl-ds export` are unchanged). The packed QKV projection of engine/towers.py's
+attention (a quarter of a block's linear FLOPs) is a pair of Parameters of the attention module,
+not an nn.Linear: it gets a Float8Linear built on those same Parameters, kept outside the module
+tree (`PackedSelfAttention.in_proj_module`), so it is float8 too. Not converted: the patch
+embedding, the towers' final projections (Parameters, not layers) and the loss (bf16/fp32 as before).
 
 `model.float8: emulate` runs torchao's emulation (the casts and scales, a float32 GEMM) on any
 device: the same numbers' rounding where no float8 GEMM exists (the CPU tests), never faster.
 """
 import dataclasses
+import types
 from typing import List, Union
 
 import torch
 
 from .compile import TOWER_NAMES
+from .towers import PackedSelfAttention
 
 # Both sides of a converted layer are multiples of this (float8 GEMMs need 16-byte alignment).
 FLOAT8_MULTIPLE = 16
@@ -60,9 +64,21 @@ def _wanted(module: torch.nn.Module) -> bool:
             and module.out_features % FLOAT8_MULTIPLE == 0)
 
 
+def _packed_projection_float8(attention: PackedSelfAttention, config) -> None:
+    """The packed QKV projection as a Float8Linear on the attention's own Parameters."""
+    from torchao.float8.float8_linear import Float8Linear
+    width = attention.embed_dim
+    # from_float reads these four and assigns the same Parameter objects to the new layer.
+    linear = types.SimpleNamespace(in_features=width, out_features=3 * width, weight=attention.in_proj_weight,
+                                   bias=attention.in_proj_bias)
+    # Through __dict__: an attribute, not a registered child (no second copy in the state dict).
+    attention.__dict__["in_proj_module"] = Float8Linear.from_float(linear, config=config)
+
+
 def float8_linears(model: torch.nn.Module, emulate: bool = False) -> List[str]:
     """Convert the towers' eligible nn.Linear layers to torchao's Float8Linear (rowwise scales),
-    in place; the converted layers' names (ValueError if there are none)."""
+    and the packed QKV projections of engine/towers.py's attention, in place; the converted
+    layers' names (`....in_proj` for a projection; ValueError if there are none)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     config = Float8LinearConfig.from_recipe_name("rowwise")
     if emulate:
@@ -74,6 +90,11 @@ def float8_linears(model: torch.nn.Module, emulate: bool = False) -> List[str]:
             convert_to_float8_training(getattr(model, tower), config=config,
                                        module_filter_fn=lambda module, fqn: _wanted(module))
             converted += names
+        for name, module in getattr(model, tower).named_modules():
+            if (isinstance(module, PackedSelfAttention) and module.in_proj_module is None
+                    and module.embed_dim % FLOAT8_MULTIPLE == 0):
+                _packed_projection_float8(module, config)
+                converted.append(f"{tower}.{name}.in_proj")
     if not converted:
         raise ValueError(f"model.float8: {type(model).__name__} has no nn.Linear layer in its towers "
                          f"{TOWER_NAMES} with both sides multiples of {FLOAT8_MULTIPLE}")

@@ -31,7 +31,13 @@ from torch import nn
 
 
 class PackedSelfAttention(nn.MultiheadAttention):
-    """An `nn.MultiheadAttention` whose self-attention calls skip the layout copies."""
+    """An `nn.MultiheadAttention` whose self-attention calls skip the layout copies.
+
+    `in_proj_module`, where set (engine/float8.py does), computes the packed projection from
+    the same `in_proj_weight` and `in_proj_bias` Parameters in place of `F.linear`; it is kept
+    out of the module's children, so the state dict and `parameters()` are unchanged."""
+
+    in_proj_module = None
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
@@ -43,7 +49,8 @@ class PackedSelfAttention(nn.MultiheadAttention):
                                    attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
         x = query if self.batch_first else query.transpose(0, 1)
         n, length, width = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(n, length, 3, self.num_heads, self.head_dim)
+        qkv = (F.linear(x, self.in_proj_weight, self.in_proj_bias) if self.in_proj_module is None
+               else self.in_proj_module(x)).view(n, length, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (N, H, L, d): views, no copy
         if attn_mask is not None:
             # nn.MultiheadAttention's masks: (L, L), or (N * H, L, L) with the heads inside the batch.
