@@ -25,7 +25,7 @@ from infcl_ds.models import create_model
 # whose epilogues can take the elementwise work after a GEMM (bias, GELU) into the GEMM's kernel.
 MAX_AUTOTUNE = {"max_autotune": True, "triton.enable_persistent_tma_matmul": True}
 
-VARIANTS = [  # name, compiled (False, or inductor's options), packed attention, patch GEMM, cudnn.benchmark, float8
+VARIANTS = [  # name, compiled (False, or inductor's options), packed attention, patch GEMM, cudnn.benchmark, float8 recipe
     ("eager", False, False, False, False, False),
     ("eager+packed+patch_gemm", False, True, True, False, False),
     ("compiled", {}, False, False, False, False),
@@ -35,7 +35,8 @@ VARIANTS = [  # name, compiled (False, or inductor's options), packed attention,
     ("compiled+packed+cudnn_benchmark", {}, True, False, True, False),
     ("compiled+packed+patch_gemm+max_autotune", MAX_AUTOTUNE, True, True, False, False),
     # model.float8: torchao's float8 training (rowwise scales) on the towers' linear layers
-    ("compiled+packed+patch_gemm+float8", {}, True, True, False, True),
+    ("compiled+packed+patch_gemm+float8", {}, True, True, False, "rowwise"),
+    ("compiled+packed+patch_gemm+float8_tensorwise", {}, True, True, False, "tensorwise"),
 ]
 
 
@@ -44,7 +45,7 @@ def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
     torch.backends.cudnn.benchmark = benchmark
     model = create_model(name, seed=0).cuda().bfloat16()
     fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
-    float8_layers = len(float8_linears(model)) if float8 else 0  # model.float8's layers (engine/float8.py)
+    float8_layers = len(float8_linears(model, recipe=float8)) if float8 else 0  # model.float8's layers (engine/float8.py)
     if compiled is not False:
         compile_encoders(model, options=compiled or None)
     size = model.visual.preprocess_cfg["size"]

@@ -75,12 +75,13 @@ def _packed_projection_float8(attention: PackedSelfAttention, config) -> None:
     attention.__dict__["in_proj_module"] = Float8Linear.from_float(linear, config=config)
 
 
-def float8_linears(model: torch.nn.Module, emulate: bool = False) -> List[str]:
+def float8_linears(model: torch.nn.Module, emulate: bool = False, recipe: str = "rowwise") -> List[str]:
     """Convert the towers' eligible nn.Linear layers to torchao's Float8Linear (rowwise scales),
     and the packed QKV projections of engine/towers.py's attention, in place; the converted
-    layers' names (`....in_proj` for a projection; ValueError if there are none)."""
+    layers' names (`....in_proj` for a projection; ValueError if there are none). `recipe`:
+    torchao's scaling recipe (launch/probe_towers.py also times "tensorwise": one scale a tensor)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    config = Float8LinearConfig.from_recipe_name("rowwise")
+    config = Float8LinearConfig.from_recipe_name(recipe)
     if emulate:
         config = dataclasses.replace(config, emulate=True)
     converted = []
