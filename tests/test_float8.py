@@ -59,7 +59,7 @@ def test_the_packed_qkv_projection_is_float8_on_the_same_parameters():
     assert type(projection).__name__ == "Float8Linear"
     assert projection.weight is attention.in_proj_weight and projection.bias is attention.in_proj_bias
     assert dict(model.named_parameters()) == before and list(model.state_dict()) == keys  # nothing registered twice
-    x = torch.randn(2, 5, attention.embed_dim)
+    x = torch.randn(2, 5, attention.embed_dim, device=DEVICE)
     with torch.no_grad():
         emulated = projection(x)
         exact = torch.nn.functional.linear(x, attention.in_proj_weight, attention.in_proj_bias)

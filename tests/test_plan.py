@@ -157,6 +157,19 @@ def test_constants_are_the_fit_of_the_64k_row_and_predict_the_others(rates):
     assert calibrate.main([]) == 0
 
 
+def test_float8_towers_are_planned_at_their_measured_phase_factors(rates):
+    """model.float8: the compiled bf16 towers' phases times the float8/bf16 factors measured on
+    ViT-L-14 (calibration/overheads.json), the source saying so."""
+    from infcl_ds.plan.timing import FLOAT8_PHASE_FACTORS
+    bf16, float8 = (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "model.compile=true",
+                                                 f"model.float8={v}"]), 1, 141 * GIB, rates=rates).time
+                    for v in ("false", "true"))
+    assert float8.encode == pytest.approx(bf16.encode * FLOAT8_PHASE_FACTORS[0])
+    assert float8.reencode == pytest.approx(bf16.reencode * FLOAT8_PHASE_FACTORS[1])
+    assert float8.encoders > bf16.encoders and "model.float8" in float8.encoder_source
+    assert float8.encoder_rate == pytest.approx(bf16.encoder_rate * bf16.encoders / float8.encoders)
+
+
 def test_step_time_follows_the_engine_phases(rates, monkeypatch):
     """encode = one no-grad forward, re-encode = forward + backward (+ a forward recomputed with
     checkpointing): measured per-sample times for ViT-B-16, FLOPs at a rate otherwise."""
