@@ -28,7 +28,7 @@ def test_an_unknown_subcommand_of_a_group_names_the_valid_ones(capsys):
     assert main(["bench", "lose", "--help"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.strip() == ("infcl-ds: unknown bench command 'lose'; bench commands: loss, ring, train, data, decoders "
+    assert captured.err.strip() == ("infcl-ds: unknown bench command 'lose'; bench commands: loss, ring, train, data, decoders, float8 "
                                     "(infcl-ds bench --help)")
 
 
