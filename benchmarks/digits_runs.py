@@ -1,8 +1,8 @@
-"""One training run of the quickstart's recipe (ds_configs/recipes/tiny-cpu.yaml: a tiny CLIP on
-scikit-learn's digits) on this machine's first GPU, as a subprocess with its own port: what the
+"""Training runs of the quickstart's recipe (ds_configs/recipes/tiny-cpu.yaml: a tiny CLIP on
+scikit-learn's digits) on this machine's first GPU, as subprocesses with their own ports: what the
 benchmarks that ask "does setting X change what a model learns" share (`bench decoders`,
-`bench float8`). The zero-shot top-1 on the held-out digits (decoded by PIL), the wall time and
-the loss of every step (the run's metrics.csv)."""
+`bench float8`). Per run: the zero-shot top-1 on the held-out digits (decoded by PIL), its wall
+time and the loss of every step (the run's metrics.csv)."""
 import csv
 import json
 import os
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Hashable, List, Sequence, Tuple
 
 from .common import free_port
 
@@ -27,32 +27,44 @@ def recipe_command(digits: Path, run_dir: Path, steps: int, sets: Sequence[str])
     return command
 
 
-def start_run(digits: Path, run_dir: Path, steps: int, sets: Sequence[str]) -> subprocess.Popen:
-    """A single-rank run in the background (runs on one GPU can share it: each has its own port)."""
-    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = open(run_dir / "stderr.log", "w")
-    process = subprocess.Popen(recipe_command(digits, run_dir, steps, sets), stdout=subprocess.DEVNULL, stderr=log,
-                               text=True, env=env)
-    process.started, process.log = time.perf_counter(), log  # noqa: B010 (read back by finish_run)
-    return process
-
-
-def finish_run(process: subprocess.Popen, run_dir: Path, what: str) -> Dict:
-    """Wait for `process`; its zero-shot top-1, wall time and per-step losses (SystemExit naming
-    `what` with the end of its log if it failed)."""
-    code = process.wait()
-    seconds = time.perf_counter() - process.started
-    process.log.close()
-    if code != 0:
-        raise SystemExit(f"training with {what} failed:\n{(run_dir / 'stderr.log').read_text()[-3000:]}")
+def _results(run_dir: Path) -> Dict:
     with open(run_dir / "metrics.csv", newline="") as f:
         losses = [float(row["loss"]) for row in csv.DictReader(f)]
-    results = json.loads((run_dir / "eval.json").read_text())
-    return {"zeroshot_top1": results["zeroshot_top1"], "train_s": seconds, "losses": losses}
+    return {"zeroshot_top1": json.loads((run_dir / "eval.json").read_text())["zeroshot_top1"], "losses": losses}
+
+
+def train_digits_runs(digits: Path, steps: int, runs: Dict[Hashable, Tuple[Path, Sequence[str], str]]) -> Dict:
+    """Run every `key: (run_dir, recipe sets, what)` at once, single-rank (runs of a tiny model
+    share one GPU); {key: zero-shot top-1, wall time from its start to its own end, losses}. If
+    one fails, the others are stopped and SystemExit names the run (`what`) with its log's end."""
+    started, processes, logs, ended = time.perf_counter(), {}, {}, {}
+    try:
+        for key, (run_dir, sets, _) in runs.items():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            logs[key] = open(run_dir / "stderr.log", "w")
+            env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(free_port())}
+            processes[key] = subprocess.Popen(recipe_command(digits, run_dir, steps, sets), stdout=subprocess.DEVNULL,
+                                              stderr=logs[key], env=env)
+        while len(ended) < len(processes):
+            for key, process in processes.items():
+                if key not in ended and process.poll() is not None:
+                    ended[key] = time.perf_counter() - started
+                    if process.returncode != 0:
+                        run_dir, _, what = runs[key]
+                        logs[key].close()
+                        raise SystemExit(f"training with {what} failed:\n{(run_dir / 'stderr.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    finally:
+        for key, process in processes.items():
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+        for log in logs.values():
+            log.close()
+    return {key: {**_results(runs[key][0]), "train_s": ended[key]} for key in runs}
 
 
 def train_digits(digits: Path, run_dir: Path, steps: int, sets: Sequence[str], what: str) -> Dict:
     """One run, waited for."""
-    return finish_run(start_run(digits, run_dir, steps, sets), run_dir, what)
+    return train_digits_runs(digits, steps, {0: (run_dir, sets, what)})[0]

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .common import run_identity, write_rows
-from .digits_runs import finish_run, start_run
+from .digits_runs import train_digits_runs
 
 DEFAULT_OUT = Path("docs/benchmarks/float8_training.json")
 
@@ -59,19 +59,16 @@ def main(argv=None):
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-float8-"))
     build_digits(work / "digits", image_format="jpg")
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = {}
-    for setting in ("false", args.float8):
-        for seed in seeds:
-            run_dir = work / f"run-{setting}-{seed}"
-            sets = ["precision.dtype=bf16", f"model.float8={setting}", f"model.seed={seed}"]
-            runs[setting, seed] = run_dir, start_run(work / "digits", run_dir, args.steps, sets)
+    runs = {(setting, seed): (work / f"run-{setting}-{seed}",
+                              ["precision.dtype=bf16", f"model.float8={setting}", f"model.seed={seed}"],
+                              f"model.float8={setting} seed {seed}")
+            for setting in ("false", args.float8) for seed in seeds}
     rows = []
-    for (setting, seed), (run_dir, process) in runs.items():
-        run = finish_run(process, run_dir, f"model.float8={setting} seed {seed}")
+    for (setting, seed), run in train_digits_runs(work / "digits", args.steps, runs).items():
         rows.append({"float8": "true" if setting != "false" else "false", "setting": setting, "seed": seed,
                      "steps": args.steps, **run, "final_loss": run["losses"][-1]})
         print(f"model.float8={setting:7s} seed {seed}: zero-shot top-1 {run['zeroshot_top1']:.4f}, "
-              f"last loss {run['losses'][-1]:.4f} ({run['train_s']:.0f} s)", flush=True)
+              f"last loss {run['losses'][-1]:.4f} ({run['train_s']:.0f} s, all runs at once)", flush=True)
     means = {s: statistics.mean(r["zeroshot_top1"] for r in rows if r["float8"] == s) for s in ("false", "true")}
     summary = {s: {"mean_zeroshot_top1": m, "minus_bf16": m - means["false"]} for s, m in means.items()}
     print(f"mean zero-shot top-1: bf16 {means['false']:.4f}, float8 {means['true']:.4f} "

@@ -15,7 +15,7 @@ def plot_towers(json_path: Path, png_path: Path) -> None:
     rows = data["rows"]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.8))
-    labels = [f"{r['variant']} ({r['run']})" for r in rows]
+    labels = [f"{r['variant']} ({r.get('run', data['meta'].get('commit', '?'))})" for r in rows]
     nograd = [r["nograd_chunk_s"] / r["chunk"] * 1e3 for r in rows]
     grad = [r["grad_chunk_s"] / r["chunk"] * 1e3 for r in rows]
     ax.barh(labels, nograd, color="tab:blue", label="no-grad pass (encode)")
@@ -28,7 +28,7 @@ def plot_towers(json_path: Path, png_path: Path) -> None:
     ax.set_xlim(0, 1.45 * max(a + b for a, b in zip(nograd, grad)))
     meta = data["meta"]
     ax.set_title(f"{meta['model']} towers, chunk {rows[0]['chunk']}, compiled, bf16 model\n"
-                 f"{meta['device']}, torch {meta['torch']}, torchao {meta['torchao']}", fontsize=9)
+                 f"{meta['device']}, torch {meta['torch']}, torchao {meta.get('torchao')}", fontsize=9)
     save(fig, png_path)
 
 

@@ -6,7 +6,8 @@ compiled; the attention from the packed projection and the patch embedding as a 
 
 Each MODEL:CHUNK:K times K no-grad chunk passes and K forward+backward chunk passes of
 `model(images, texts)` in bf16, as the engine's steps run them; the mean of 3 rounds after 2
-untimed ones. Rows are written to OUT.json as each variant ends. Used to choose the compiled
+untimed ones. Rows are written to OUT.json as each variant ends, with the run's device and
+versions (`python -m benchmarks.plot_towers OUT.json` draws them). Used to choose the compiled
 towers' implementation (issue 14); not a benchmark of record.
 """
 import json
@@ -89,24 +90,34 @@ def main():
     out = sys.argv[1]
     specs = sys.argv[2:] or ["ViT-B-16:1024:4"]
     only = os.environ.get("VARIANTS")
+    # Only when named: max-autotune did not finish compiling ViT-L-14's towers in 560 s on an H100.
+    skipped_by_default = {"compiled+packed+patch_gemm+max_autotune"}
     rows = []
+    try:
+        import torchao
+        torchao_version = torchao.__version__
+    except ImportError:
+        torchao_version = None
+    commit = os.environ.get("INFCL_DS_COMMIT", "unknown")
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "torchao": torchao_version,
+            "commit": commit, "model": ",".join(spec.split(":")[0] for spec in specs), "command": " ".join(sys.argv)}
     for spec in specs:
         name, chunk, k = spec.split(":")
         base = None
         for variant in VARIANTS:
-            if only and variant[0] not in only.split(","):
+            if (variant[0] not in only.split(",")) if only else (variant[0] in skipped_by_default):
                 continue
             torch.cuda.reset_peak_memory_stats()
             row, feats = run(name, int(chunk), int(k), *variant[1:])
             if base is None:
                 base = feats
-            row.update(model=name, chunk=int(chunk), variant=variant[0],
+            row.update(model=name, chunk=int(chunk), variant=variant[0], run=commit,
                        features_rel_diff_vs_first=((feats - base).norm() / base.norm()).item(),
                        device=torch.cuda.get_device_name(), torch=torch.__version__)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            with open(out, "w") as f:
-                json.dump(rows, f, indent=1)
+            with open(out, "w") as f:  # the record benchmarks/plot_towers.py draws
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,18 @@ def test_the_packed_qkv_projection_is_float8_on_the_same_parameters():
         emulated = projection(x)
         exact = torch.nn.functional.linear(x, attention.in_proj_weight, attention.in_proj_bias)
     assert 1e-4 < ((emulated - exact).norm() / exact.norm()).item() < 0.1  # float8's rounding, not another function
-    assert float8_linears(model, emulate=True) == [n for n in converted if not n.endswith(".in_proj")]  # once
+    # The attention's forward runs it: float8's rounding against the bf16 projection, and the
+    # gradient reaches the attention's own weight.
+    attention.in_proj_weight.grad = None
+    out_float8, _ = attention(x, x, x, need_weights=False)
+    out_float8.float().square().sum().backward()
+    assert attention.in_proj_weight.grad is not None and attention.in_proj_weight.grad.abs().sum() > 0
+    attention.__dict__["in_proj_module"] = None
+    with torch.no_grad():
+        out_exact, _ = attention(x, x, x, need_weights=False)
+    attention.__dict__["in_proj_module"] = projection
+    assert 1e-4 < ((out_float8.detach() - out_exact).norm() / out_exact.norm()).item() < 0.1
+    assert float8_linears(model, emulate=True) == []  # converted once: nothing the second time
 
 
 def test_layers_with_unaligned_sides_stay_and_a_model_with_none_is_refused():

@@ -15,7 +15,10 @@ the parameters do not (the same Parameter objects: the optimizer built before, t
 checkpoints and `infcl-ds export` are unchanged). The packed QKV projection of engine/towers.py's
 attention (a quarter of a block's linear FLOPs) is a pair of Parameters of the attention module,
 not an nn.Linear: it gets a Float8Linear built on those same Parameters, kept outside the module
-tree (`PackedSelfAttention.in_proj_module`), so it is float8 too. Not converted: the patch
+tree (`PackedSelfAttention.in_proj_module`), so it is float8 too, on the self-attention calls
+PackedSelfAttention covers (a text tower's key-padding or boolean masks go to open_clip's own
+forward, in bf16). That layer holds the Parameter objects themselves: whatever replaces them
+(`load_state_dict(..., assign=True)`) would leave it on the old ones; nothing here does. Not converted: the patch
 embedding, the towers' final projections (Parameters, not layers) and the loss (bf16/fp32 as before).
 
 `model.float8: emulate` runs torchao's emulation (the casts and scales, a float32 GEMM) on any
@@ -60,8 +63,9 @@ def float8_unavailable(setting: Union[bool, str], device: torch.device):
 
 
 def _wanted(module: torch.nn.Module) -> bool:
-    return (isinstance(module, torch.nn.Linear) and module.in_features % FLOAT8_MULTIPLE == 0
-            and module.out_features % FLOAT8_MULTIPLE == 0)
+    from torchao.float8.float8_linear import Float8Linear
+    return (isinstance(module, torch.nn.Linear) and not isinstance(module, Float8Linear)  # not twice
+            and module.in_features % FLOAT8_MULTIPLE == 0 and module.out_features % FLOAT8_MULTIPLE == 0)
 
 
 def _packed_projection_float8(attention: PackedSelfAttention, config) -> None:
@@ -78,7 +82,8 @@ def _packed_projection_float8(attention: PackedSelfAttention, config) -> None:
 def float8_linears(model: torch.nn.Module, emulate: bool = False, recipe: str = "rowwise") -> List[str]:
     """Convert the towers' eligible nn.Linear layers to torchao's Float8Linear (rowwise scales),
     and the packed QKV projections of engine/towers.py's attention, in place; the converted
-    layers' names (`....in_proj` for a projection; ValueError if there are none). `recipe`:
+    layers' names (`....in_proj` for a projection; none the second time; ValueError if the towers
+    have no layer float8 can take). `recipe`:
     torchao's scaling recipe (launch/probe_towers.py also times "tensorwise": one scale a tensor)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     config = Float8LinearConfig.from_recipe_name(recipe)
@@ -96,7 +101,7 @@ def float8_linears(model: torch.nn.Module, emulate: bool = False, recipe: str = 
                     and module.embed_dim % FLOAT8_MULTIPLE == 0):
                 _packed_projection_float8(module, config)
                 converted.append(f"{tower}.{name}.in_proj")
-    if not converted:
+    if not converted and not any(type(m).__name__ == "Float8Linear" for m in model.modules()):
         raise ValueError(f"model.float8: {type(model).__name__} has no nn.Linear layer in its towers "
                          f"{TOWER_NAMES} with both sides multiples of {FLOAT8_MULTIPLE}")
     return converted

@@ -80,9 +80,10 @@ ZERO3_ENCODER_SLOWDOWN = float(_OVERHEADS["zero3_encoder_slowdown"])
 # chunk pass measured for ViT-B-16 are a floor that does not depend on the model's FLOPs,
 # transferred to other models (the hooks' cost grows with the module count: not measured for others).
 ZERO3_CHUNK_FLOOR_S = tuple(float(s) for s in _OVERHEADS["zero3_chunk_floor_s"])
-# model.float8's encode and re-encode phases over the bf16 towers' (measured on ViT-L-14 only):
-# float8 rounds the no-grad pass a little faster and the grad pass slower (its casts for the
-# backward's GEMMs cost more than the float8 GEMMs save at these widths).
+# model.float8's encode and re-encode phases over the bf16 towers' (measured on ViT-L-14's
+# compiled towers only, without checkpointing; applied to every float8 recipe): float8 makes the
+# no-grad pass a little faster and the grad pass slower (its casts for the backward's GEMMs cost
+# more than the float8 GEMMs save at these widths).
 FLOAT8_PHASE_FACTORS = tuple(float(f) for f in _OVERHEADS["float8_phase_factors"])
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
 DEFAULT_ENCODER_TFLOPS = float(_OVERHEADS["default_encoder_tflops"])
@@ -281,7 +282,7 @@ def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRat
         encode, reencode = encode * FLOAT8_PHASE_FACTORS[0], reencode * FLOAT8_PHASE_FACTORS[1]
         encoder_rate *= bf16 / (encode + reencode)
         source += (f"; model.float8: x{FLOAT8_PHASE_FACTORS[0]} encode, x{FLOAT8_PHASE_FACTORS[1]} re-encode "
-                   f"(ViT-L-14's measured float8 over bf16, one H100)")
+                   f"(ViT-L-14's compiled towers' float8 over bf16, one H100)")
     if recipe.zero.stage >= 3:
         passes = math.ceil(local / recipe.batch.chunk)
         zero2 = encode + reencode
