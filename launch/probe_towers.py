@@ -38,6 +38,8 @@ VARIANTS = [  # name, compiled (False, or inductor's options), packed attention,
     # model.float8: torchao's float8 training (rowwise scales) on the towers' linear layers
     ("compiled+packed+patch_gemm+float8", {}, True, True, False, "rowwise"),
     ("compiled+packed+patch_gemm+float8_tensorwise", {}, True, True, False, "tensorwise"),
+    # the weight-gradient GEMM in bf16: fewer casts in the backward (rowwise's grad pass was its loss)
+    ("compiled+packed+patch_gemm+float8_rowwise_with_gw_hp", {}, True, True, False, "rowwise_with_gw_hp"),
 ]
 
 
