@@ -9,13 +9,12 @@ the mean over seeds and its difference from PIL's.
     infcl-ds bench decoders --decoders pil,nvjpeg --seeds 0,1
 """
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from .common import run_identity, write_rows
-from .digits_runs import train_digits
+from .digits_runs import train_digits, zeroshot_summary
 
 DEFAULT_OUT = Path("docs/benchmarks/decoder_zeroshot.json")
 
@@ -46,9 +45,7 @@ def main(argv=None):
             rows.append(row)
             print(f"data.decoder={decoder:8s} seed {seed}: zero-shot top-1 {row['zeroshot_top1']:.4f} "
                   f"({row['train_s']:.0f} s)", flush=True)
-    means = {d: statistics.mean(r["zeroshot_top1"] for r in rows if r["decoder"] == d) for d in args.decoders.split(",")}
-    summary = {d: {"mean_zeroshot_top1": m, "minus_pil": m - means["pil"] if "pil" in means else None}
-               for d, m in means.items()}
+    summary = zeroshot_summary(rows, "decoder", "pil", "minus_pil")
     for d, s in summary.items():
         print(f"{d:8s} mean zero-shot top-1 {s['mean_zeroshot_top1']:.4f}"
               + (f" ({s['minus_pil']:+.4f} against pil)" if s["minus_pil"] is not None else ""), flush=True)

@@ -6,6 +6,7 @@ time and the loss of every step (the run's metrics.csv)."""
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,3 +69,12 @@ def train_digits_runs(digits: Path, steps: int, runs: Dict[Hashable, Tuple[Path,
 def train_digits(digits: Path, run_dir: Path, steps: int, sets: Sequence[str], what: str) -> Dict:
     """One run, waited for."""
     return train_digits_runs(digits, steps, {0: (run_dir, sets, what)})[0]
+
+
+def zeroshot_summary(rows: List[Dict], key: str, baseline: str, difference: str) -> Dict[str, Dict]:
+    """Per value of `rows[i][key]`: the mean zero-shot top-1 over its runs, and under `difference`
+    that mean less `baseline`'s (None where `baseline` did not run)."""
+    values = list(dict.fromkeys(r[key] for r in rows))
+    means = {v: statistics.mean(r["zeroshot_top1"] for r in rows if r[key] == v) for v in values}
+    return {v: {"mean_zeroshot_top1": m, difference: m - means[baseline] if baseline in means else None}
+            for v, m in means.items()}

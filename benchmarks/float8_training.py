@@ -13,13 +13,12 @@ difference from bf16's) and a PNG of the loss curves side by side.
 numbers' rounding, not the speed.
 """
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from .common import run_identity, write_rows
-from .digits_runs import train_digits_runs
+from .digits_runs import train_digits_runs, zeroshot_summary
 
 DEFAULT_OUT = Path("docs/benchmarks/float8_training.json")
 
@@ -69,10 +68,9 @@ def main(argv=None):
                      "steps": args.steps, **run, "final_loss": run["losses"][-1]})
         print(f"model.float8={setting:7s} seed {seed}: zero-shot top-1 {run['zeroshot_top1']:.4f}, "
               f"last loss {run['losses'][-1]:.4f} ({run['train_s']:.0f} s, all runs at once)", flush=True)
-    means = {s: statistics.mean(r["zeroshot_top1"] for r in rows if r["float8"] == s) for s in ("false", "true")}
-    summary = {s: {"mean_zeroshot_top1": m, "minus_bf16": m - means["false"]} for s, m in means.items()}
-    print(f"mean zero-shot top-1: bf16 {means['false']:.4f}, float8 {means['true']:.4f} "
-          f"({summary['true']['minus_bf16']:+.4f})", flush=True)
+    summary = zeroshot_summary(rows, "float8", "false", "minus_bf16")
+    print(f"mean zero-shot top-1: bf16 {summary['false']['mean_zeroshot_top1']:.4f}, float8 "
+          f"{summary['true']['mean_zeroshot_top1']:.4f} ({summary['true']['minus_bf16']:+.4f})", flush=True)
     meta = {**run_identity(), "command": "infcl-ds bench float8 " + " ".join(argv if argv is not None else sys.argv[1:]),
             "recipe": "ds_configs/recipes/tiny-cpu.yaml, precision.dtype=bf16, on JPEG digits (quality 95), 1 GPU",
             "summary": summary}

@@ -101,7 +101,8 @@ def float8_linears(model: torch.nn.Module, emulate: bool = False, recipe: str = 
                     and module.embed_dim % FLOAT8_MULTIPLE == 0):
                 _packed_projection_float8(module, config)
                 converted.append(f"{tower}.{name}.in_proj")
-    if not converted and not any(type(m).__name__ == "Float8Linear" for m in model.modules()):
+    from torchao.float8.float8_linear import Float8Linear
+    if not converted and not any(isinstance(m, Float8Linear) for m in model.modules()):  # none: not a second call
         raise ValueError(f"model.float8: {type(model).__name__} has no nn.Linear layer in its towers "
                          f"{TOWER_NAMES} with both sides multiples of {FLOAT8_MULTIPLE}")
     return converted
