@@ -26,7 +26,7 @@ from infcl_ds.models import create_model
 # whose epilogues can take the elementwise work after a GEMM (bias, GELU) into the GEMM's kernel.
 MAX_AUTOTUNE = {"max_autotune": True, "triton.enable_persistent_tma_matmul": True}
 
-VARIANTS = [  # name, compiled (False, or inductor's options), packed attention, patch GEMM, cudnn.benchmark, float8 recipe
+VARIANTS = [  # name, compiled (False, or inductor's options), packed attention, patch GEMM, cudnn.benchmark, float8 recipe[, MLP epilogue]
     ("eager", False, False, False, False, False),
     ("eager+packed+patch_gemm", False, True, True, False, False),
     ("compiled", {}, False, False, False, False),
@@ -40,14 +40,16 @@ VARIANTS = [  # name, compiled (False, or inductor's options), packed attention,
     ("compiled+packed+patch_gemm+float8_tensorwise", {}, True, True, False, "tensorwise"),
     # the weight-gradient GEMM in bf16: fewer casts in the backward (rowwise's grad pass was its loss)
     ("compiled+packed+patch_gemm+float8_rowwise_with_gw_hp", {}, True, True, False, "rowwise_with_gw_hp"),
+    # the no-grad pass's c_fc bias and GELU in cuBLASLt's GEMM epilogue (engine/towers.py's EpilogueGeluMlp)
+    ("compiled+packed+patch_gemm+mlp_epilogue", {}, True, True, False, False, True),
 ]
 
 
-def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8):
+def run(name, chunk, k, compiled, packed, patch_gemm, benchmark, float8, mlp_epilogue=False):
     torch._dynamo.reset()
     torch.backends.cudnn.benchmark = benchmark
     model = create_model(name, seed=0).cuda().bfloat16()
-    fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm)
+    fast_tower_modules(model, attention=packed, patch_embedding=patch_gemm, mlp_epilogue=mlp_epilogue)
     float8_layers = len(float8_linears(model, recipe=float8)) if float8 else 0  # model.float8's layers (engine/float8.py)
     if compiled is not False:
         compile_encoders(model, options=compiled or None)

@@ -148,3 +148,56 @@ def test_each_fast_forward_can_be_left_off():
     assert type(model[0]) is nn.MultiheadAttention and type(model[1]) is PatchEmbeddingGemm
     assert fast_tower_modules(model, patch_embedding=False) == {"attention": 1, "patch_embedding": 0}
     assert type(model[0]) is PackedSelfAttention
+
+
+def _mlp(width, hidden, act=nn.GELU):
+    from collections import OrderedDict
+    return nn.Sequential(OrderedDict([("c_fc", nn.Linear(width, hidden)), ("gelu", act()),
+                                      ("c_proj", nn.Linear(hidden, width))]))
+
+
+def test_only_open_clip_gelu_mlps_take_the_epilogue():
+    """nn.GELU between two plain linear layers; not QuickGELU, not another Sequential; not by default."""
+    from open_clip.transformer import QuickGELU
+    from infcl_ds.engine.towers import EpilogueGeluMlp
+    model = nn.ModuleList([_mlp(8, 32), _mlp(8, 32, QuickGELU), nn.Sequential(nn.Linear(8, 8), nn.GELU())])
+    assert "mlp_epilogue" not in fast_tower_modules(model)
+    assert fast_tower_modules(model, mlp_epilogue=True)["mlp_epilogue"] == 1
+    assert [type(m) for m in model] == [EpilogueGeluMlp, nn.Sequential, nn.Sequential]
+    assert fast_tower_modules(model, mlp_epilogue=True)["mlp_epilogue"] == 0
+
+
+@pytest.mark.parametrize("rows,width,hidden", [(1, 8, 24), (7, 40, 160), (3 * 77, 64, 256)])
+def test_mlp_epilogue_is_the_mlp_within_bf16_rounding(monkeypatch, rows, width, hidden):
+    """Calls with grad, or in float64, are the module's own (exact, gradients and all). A bf16
+    no-grad call on CUDA is cuBLASLt's GEMM with the tanh GELU in its epilogue: as close to the
+    float64 erf MLP as the plain bf16 MLP is (bf16 rounding, not the approximation, dominates)."""
+    from infcl_ds.engine import towers
+    gen = torch.Generator().manual_seed(rows)
+    torch.manual_seed(rows)
+    reference = _mlp(width, hidden).double()
+    fast = copy.deepcopy(reference)
+    fast_tower_modules(fast, mlp_epilogue=True)
+    reference.to(DEVICE), fast.to(DEVICE)
+    x = torch.randn(2, rows, width, dtype=torch.float64, generator=gen).to(DEVICE)
+    calls = []
+    op = towers.linear_gelu_tanh
+    monkeypatch.setattr(towers, "linear_gelu_tanh", lambda *a: calls.append(1) or op(*a))
+
+    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_r, out_f = reference(xr), fast(xf)
+    dy = torch.randn(out_r.shape, dtype=torch.float64, generator=gen).to(DEVICE)
+    (out_r * dy).sum().backward(), (out_f * dy).sum().backward()
+    assert _rel(out_f, out_r) < TOL and _rel(xf.grad, xr.grad) < TOL
+    for (name, p_f), p_r in zip(fast.named_parameters(), reference.parameters()):
+        assert _rel(p_f.grad, p_r.grad) < TOL, name
+    with torch.no_grad():
+        assert _rel(fast(x), reference(x)) < TOL
+        assert not calls  # float64 and calls with grad: never the epilogue
+
+        plain, fused = copy.deepcopy(reference).bfloat16(), fast.bfloat16()
+        xb = x.bfloat16()
+        err_plain, err_fused = _rel(plain(xb).double(), out_r), _rel(fused(xb).double(), out_r)
+    assert len(calls) == (1 if DEVICE.type == "cuda" else 0)
+    assert err_fused < 2 * err_plain + 1e-3, (err_fused, err_plain)
+    assert err_plain < 2e-2
