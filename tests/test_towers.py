@@ -44,7 +44,7 @@ def test_packed_attention_matches_multihead_attention(batch_first, mask, n, leng
         reference.out_proj.bias.normal_(generator=gen)
     reference.to(DEVICE)
     packed = copy.deepcopy(reference)
-    assert fast_tower_modules(packed) == {"attention": 1, "patch_embedding": 0}
+    assert fast_tower_modules(packed) == {"attention": 1, "patch_embedding": 0, "mlp_epilogue": 0}
     assert type(packed) is PackedSelfAttention
     shape = (n, length, width) if batch_first else (length, n, width)
     x = torch.randn(shape, dtype=torch.float64, generator=gen).to(DEVICE)
@@ -96,8 +96,8 @@ def test_packed_open_clip_model_keeps_its_state_dict_and_function():
     """Both towers of an open_clip model (the text tower with its causal mask), float64."""
     reference = create_model("infcl-tiny", seed=0).double().to(DEVICE)
     packed = copy.deepcopy(reference)
-    # one vision and one text block; the vision tower's patch embedding
-    assert fast_tower_modules(packed) == {"attention": 2, "patch_embedding": 1}
+    # one vision and one text block (attention, MLP); the vision tower's patch embedding
+    assert fast_tower_modules(packed) == {"attention": 2, "patch_embedding": 1, "mlp_epilogue": 2}
     assert list(packed.state_dict()) == list(reference.state_dict())
     gen = torch.Generator().manual_seed(1)
     images = torch.randn(3, 3, 16, 16, dtype=torch.float64, generator=gen).to(DEVICE)
@@ -123,7 +123,7 @@ def test_patch_embedding_gemm_matches_the_convolution(n, channels, height, width
     torch.manual_seed(height)
     conv = nn.Conv2d(channels, 12, kernel, stride=kernel, bias=bias).double().to(DEVICE)
     gemm = copy.deepcopy(conv)
-    assert fast_tower_modules(gemm) == {"attention": 0, "patch_embedding": 1} and type(gemm) is PatchEmbeddingGemm
+    assert fast_tower_modules(gemm) == {"attention": 0, "patch_embedding": 1, "mlp_epilogue": 0} and type(gemm) is PatchEmbeddingGemm
     x = torch.randn(n, channels, height, width, dtype=torch.float64).to(DEVICE).requires_grad_()
     want, got = conv(x), gemm(x)
     assert got.shape == want.shape and _rel(got, want) < TOL
@@ -144,9 +144,12 @@ def test_only_non_overlapping_convolutions_become_gemms():
 def test_each_fast_forward_can_be_left_off():
     """launch/probe_towers.py times the two apart: a switched-off kind keeps open_clip's class."""
     model = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True), nn.Conv2d(3, 8, 4, stride=4))
-    assert fast_tower_modules(model, attention=False) == {"attention": 0, "patch_embedding": 1}
+    model.append(_mlp(8, 32))
+    assert fast_tower_modules(model, attention=False, mlp_epilogue=False) == {
+        "attention": 0, "patch_embedding": 1, "mlp_epilogue": 0}
     assert type(model[0]) is nn.MultiheadAttention and type(model[1]) is PatchEmbeddingGemm
-    assert fast_tower_modules(model, patch_embedding=False) == {"attention": 1, "patch_embedding": 0}
+    assert type(model[2]) is nn.Sequential
+    assert fast_tower_modules(model, patch_embedding=False) == {"attention": 1, "patch_embedding": 0, "mlp_epilogue": 1}
     assert type(model[0]) is PackedSelfAttention
 
 
@@ -157,12 +160,12 @@ def _mlp(width, hidden, act=nn.GELU):
 
 
 def test_only_open_clip_gelu_mlps_take_the_epilogue():
-    """nn.GELU between two plain linear layers; not QuickGELU, not another Sequential; not by default."""
+    """nn.GELU between two plain linear layers; not QuickGELU, not another Sequential."""
     from open_clip.transformer import QuickGELU
     from infcl_ds.engine.towers import EpilogueGeluMlp
     model = nn.ModuleList([_mlp(8, 32), _mlp(8, 32, QuickGELU), nn.Sequential(nn.Linear(8, 8), nn.GELU())])
-    assert "mlp_epilogue" not in fast_tower_modules(model)
-    assert fast_tower_modules(model, mlp_epilogue=True)["mlp_epilogue"] == 1
+    assert fast_tower_modules(model, mlp_epilogue=False)["mlp_epilogue"] == 0
+    assert fast_tower_modules(model)["mlp_epilogue"] == 1
     assert [type(m) for m in model] == [EpilogueGeluMlp, nn.Sequential, nn.Sequential]
     assert fast_tower_modules(model, mlp_epilogue=True)["mlp_epilogue"] == 0
 

@@ -90,18 +90,23 @@ def _(x, weight, bias):
 
 
 class EpilogueGeluMlp(nn.Sequential):
-    """open_clip's MLP (c_fc, GELU, c_proj) whose no-grad calls take the bias and the GELU into the
-    first GEMM's epilogue (cuBLASLt), saving a read and a write of the 4x-wide hidden.
+    """open_clip's MLP (c_fc, GELU, c_proj) whose no-grad calls take c_fc's bias and the GELU into
+    the GEMM's epilogue (cuBLASLt), saving a read and a write of the 4x-wide hidden. The engine's
+    encode pass (a quarter of the towers' work, no grad) runs this way; the re-encode with grad
+    runs the module as before (the epilogue keeps no pre-activation for the backward).
 
     cuBLASLt's GELU is the tanh approximation, nn.GELU's the erf one: they differ by at most 4.7e-4
-    (at 2.7, where bf16's step is 1.6e-2), below bf16's rounding of the hidden, so only bf16 and fp16
-    calls take it. Calls with grad run the module as before (the epilogue keeps no pre-activation
-    for the backward)."""
+    (at 2.7, where bf16's step is 1.6e-2), below bf16's rounding of the hidden, so only bf16 and
+    fp16 calls take it (float32 and float64 stay exact). Left to the module's own forward: c_fc
+    converted since (float8), hooked, or partitioned by ZeRO-3 (its hooks gather c_fc's weight
+    only when c_fc itself is called)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fc = self.c_fc
         if (torch.is_grad_enabled() or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
-                or fc.weight.dtype != x.dtype or fc.bias is None or torch.is_autocast_enabled()):
+                or type(fc) is not nn.Linear or fc.weight.dtype != x.dtype or fc.bias is None
+                or fc._forward_hooks or fc._forward_pre_hooks or hasattr(fc.weight, "ds_id")
+                or torch.is_autocast_enabled()):
             return super().forward(x)
         hidden = linear_gelu_tanh(x.reshape(-1, x.shape[-1]), fc.weight, fc.bias)
         return self.c_proj(hidden.view(*x.shape[:-1], hidden.shape[-1]))
@@ -135,12 +140,9 @@ def _swap_classes(model: nn.Module, wanted, new_class) -> int:
 
 
 def fast_tower_modules(model: nn.Module, attention: bool = True, patch_embedding: bool = True,
-                       mlp_epilogue: bool = False) -> Dict[str, int]:
-    """The fast forwards on `model` (attention and patch embedding unless turned off;
-    launch/probe_towers.py times them apart), in place; how many modules of each kind changed
-    (none the second time)."""
-    changed = {"attention": _swap_classes(model, _packable, PackedSelfAttention) if attention else 0,
-               "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm) if patch_embedding else 0}
-    if mlp_epilogue:
-        changed["mlp_epilogue"] = _swap_classes(model, _epilogue_mlp, EpilogueGeluMlp)
-    return changed
+                       mlp_epilogue: bool = True) -> Dict[str, int]:
+    """The fast forwards on `model` (all three unless one is turned off: launch/probe_towers.py
+    times them apart), in place; how many modules of each kind changed (none the second time)."""
+    return {"attention": _swap_classes(model, _packable, PackedSelfAttention) if attention else 0,
+            "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm) if patch_embedding else 0,
+            "mlp_epilogue": _swap_classes(model, _epilogue_mlp, EpilogueGeluMlp) if mlp_epilogue else 0}
