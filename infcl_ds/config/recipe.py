@@ -70,6 +70,10 @@ class ModelSection(Section):
     # not bf16's numerics; CUDA GPUs of compute capability 8.9+ (H100, H200); ZeRO 0-2. emulate:
     # the same rounding through torchao's emulation on any device (slow; for checking numerics).
     float8: Union[bool, Literal["emulate"]] = False
+    # The encode pass (no grad) takes each MLP's first bias and GELU into cuBLASLt's GEMM epilogue
+    # (engine/towers.py, EpilogueGeluMlp): tanh GELU there, within bf16's rounding of open_clip's
+    # erf GELU; the re-encode with grad keeps the erf. false: open_clip's MLP on every pass.
+    gelu_epilogue: bool = True
 
 
 SYNTHETIC_SIZE = 4096

@@ -82,11 +82,12 @@ class ContrastiveEngine:
     @classmethod
     def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
                offload_features=False, grad_accum_fp32=True, loss_fn=None, time_phases=False, loss="clip",
-               compile_backend=None, float8=False, **ds_kwargs):
+               compile_backend=None, float8=False, gelu_epilogue=True, **ds_kwargs):
         """Fix up the model's parameters for DeepSpeed, give its towers the fast forwards
         (engine/towers.py), build the engine, wrap it. With `float8` (True or "emulate") the
         towers' linear layers run in float8 (engine/float8.py); with `compile_backend` (e.g.
-        "inductor"), the encoders are then compiled (engine/compile.py)."""
+        "inductor"), the encoders are then compiled (engine/compile.py). `gelu_epilogue`: the
+        no-grad passes' MLPs take c_fc's bias and GELU into the GEMM (engine/towers.py)."""
         import deepspeed
 
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
@@ -95,7 +96,7 @@ class ContrastiveEngine:
         if (getattr(model, "logit_bias", None) is not None) != adapter.uses_bias:
             raise ValueError(adapter.wrong_model)
         promote_scalar_parameters(model)
-        fast_tower_modules(model)  # the same function, fewer kernels (engine/towers.py)
+        fast_tower_modules(model, mlp_epilogue=gelu_epilogue)  # the same function, fewer kernels (engine/towers.py)
         stage = config.get("zero_optimization", {}).get("stage", 0)
         zero3 = stage == 3
         if float8:

@@ -62,5 +62,5 @@ def build_engine(recipe: Recipe, world: int, device: torch.device, *, rank: int 
         recipe.batch.chunk, optimizer=optimizer, offload_features=recipe.batch.offload_features,
         grad_accum_fp32=recipe.precision.grad_accum_fp32, loss=recipe.model.loss, lr_scheduler=schedule,
         loss_fn=loss_fn, time_phases=time_phases, compile_backend="inductor" if recipe.compiles(device.type) else None,
-        float8=recipe.model.float8)
+        float8=recipe.model.float8, gelu_epilogue=recipe.model.gelu_epilogue)
     return BuiltEngine(recipe, engine, optimizer)
