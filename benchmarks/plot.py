@@ -180,7 +180,9 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
 
     def label(r):
         zero = f", ZeRO-{r['zero']}" if r.get("zero") is not None else ""
-        extra = "".join(f", {item.split('=')[0].split('.')[-1]}" for item in r.get("set", ()))
+        # a --set key by its last name ("float8" for model.float8=true), with its value unless true
+        extra = "".join(f", {key.split('.')[-1]}" + ("" if value.lower() == "true" else f"={value}")
+                        for key, _, value in (item.partition("=") for item in r.get("set", ())))
         data = f", {r['data']}" + (f" ({r['decoder']})" if r.get("decoder") else "") if r.get("data") else ""
         return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}{extra}{data}"
     configs = sorted({label(r) for r in rows})

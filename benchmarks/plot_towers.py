@@ -14,8 +14,10 @@ def plot_towers(json_path: Path, png_path: Path) -> None:
     data = json.loads(Path(json_path).read_text())
     rows = data["rows"]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.8))
-    labels = [f"{r['variant']} ({r.get('run', data['meta'].get('commit', '?'))})" for r in rows]
+    several = len({(r["model"], r["chunk"]) for r in rows}) > 1  # then each label names its model and chunk
+    fig, ax = plt.subplots(figsize=(12 if several else 10, 0.6 * len(rows) + 1.8))
+    labels = [(f"{r['model']}:{r['chunk']} " if several else "") + f"{r['variant']} ({r.get('run', data['meta'].get('commit', '?'))})"
+              for r in rows]
     nograd = [r["nograd_chunk_s"] / r["chunk"] * 1e3 for r in rows]
     grad = [r["grad_chunk_s"] / r["chunk"] * 1e3 for r in rows]
     ax.barh(labels, nograd, color="tab:blue", label="no-grad pass (encode)")
@@ -23,11 +25,11 @@ def plot_towers(json_path: Path, png_path: Path) -> None:
     for y, (a, b, r) in enumerate(zip(nograd, grad, rows)):
         ax.text(a + b, y, f" {a + b:.3f} ms, peak {r['peak_mib'] / 1024:.0f} GiB", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms per sample, the four passes of a GradCache step\nblue: the no-grad pass (encode); "
-                  "orange: the forward with grad and the backward (re-encode)", fontsize=8)
+    ax.set_xlabel("ms per sample, the four passes of a GradCache step", fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     ax.set_xlim(0, 1.45 * max(a + b for a, b in zip(nograd, grad)))
     meta = data["meta"]
-    ax.set_title(f"{meta['model']} towers, chunk {rows[0]['chunk']}, compiled, bf16 model\n"
+    ax.set_title(f"{meta['model']} towers" + ("" if several else f", chunk {rows[0]['chunk']}") + ", bf16 model\n"
                  f"{meta['device']}, torch {meta['torch']}, torchao {meta.get('torchao')}", fontsize=9)
     save(fig, png_path)
 

@@ -181,7 +181,7 @@ def _profiled_step(step_engine, batch, rank):
 COMPILE_CHECK_TOL = 5e-2
 
 
-def compiled_gradient_check(model_name, pool, n, device):
+def compiled_gradient_check(model_name, pool, n, device, gelu_epilogue=True):
     """The engine's compiled towers (fast forwards, engine/towers.py, then compiled) against
     open_clip's own eager ones on one chunk of `n` pool samples, bf16 on `device`: the largest
     difference of the features with grad (the re-encode pass), of the features without (the
@@ -194,7 +194,7 @@ def compiled_gradient_check(model_name, pool, n, device):
     torch.manual_seed(0)
     eager = create_model(model_name).to(device=device, dtype=torch.bfloat16)
     compiled = copy.deepcopy(eager)
-    fast_tower_modules(compiled)
+    fast_tower_modules(compiled, mlp_epilogue=gelu_epilogue)  # as the engine's (model.gelu_epilogue)
     compile_encoders(compiled)
     mean = torch.tensor(model_info(eager)["mean"], device=device).view(1, 3, 1, 1)
     std = torch.tensor(model_info(eager)["std"], device=device).view(1, 3, 1, 1)
@@ -237,7 +237,8 @@ def _worker(rank, world, args, port, ident):
         meta["chunk"] = args.chunk  # --chunk auto: the chunk chosen
         info = model_info(step_engine.model)
         pool = _pool(args, info, device)
-        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device)
+        gelu_epilogue = _recipe(args, world, args_batch=parse_sizes(args.batch)[0]).model.gelu_epilogue
+        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device, gelu_epilogue)
                  if args.compile and cuda and impl == "infcl_ds" else None)
         if check and rank == 0:
             print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e} "
