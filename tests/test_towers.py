@@ -204,3 +204,26 @@ def test_mlp_epilogue_is_the_mlp_within_bf16_rounding(monkeypatch, rows, width, 
     assert len(calls) == (1 if DEVICE.type == "cuda" else 0)
     assert err_fused < 2 * err_plain + 1e-3, (err_fused, err_plain)
     assert err_plain < 2e-2
+
+
+@pytest.mark.parametrize("setting", [None, "false"])
+def test_recipe_key_gelu_epilogue_reaches_the_engine(monkeypatch, setting):
+    """model.gelu_epilogue (default true) is what ContrastiveEngine.create is given."""
+    from infcl_ds.config import load_recipe
+    from infcl_ds.engine.step import ContrastiveEngine
+    from infcl_ds.training.build import build_engine
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def create(cls, model, *args, **kwargs):
+        seen.update(kwargs)
+        raise Stop  # what is given is all this test needs: no DeepSpeed set-up
+
+    monkeypatch.setattr(ContrastiveEngine, "create", classmethod(create))
+    recipe = load_recipe("ds_configs/recipes/tiny-cpu.yaml", ["batch.global=8", "batch.chunk=8", "model.compile=false",
+                                                             *([f"model.gelu_epilogue={setting}"] if setting else [])])
+    with pytest.raises(Stop):
+        build_engine(recipe, 1, torch.device("cpu"))
+    assert seen["gelu_epilogue"] is (setting is None)
