@@ -61,12 +61,12 @@ def _loss_fn(impl, rank, world):
 
 
 def _engine(args, impl, rank, world, device):
-    """The trainer's engine (training/build.py) for this configuration, `impl`'s loss swapped in;
+    """The trainer's built engine (training/build.py) for this configuration, `impl`'s loss swapped in;
     --chunk auto resolved there as `batch.chunk: auto` is in training (args.chunk set to it)."""
     built = build_engine(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank=rank,
                          loss_fn=_loss_fn(impl, rank, world), time_phases=True)
     args.chunk = built.chunk
-    return built.engine
+    return built
 
 
 def _recipe(args, world, args_batch, data="synthetic", decoder=None):
@@ -233,12 +233,12 @@ def _worker(rank, world, args, port, ident):
         rows = old["rows"]  # a row of this run replaces its configuration's earlier one (row_key)
         meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
-        step_engine = _engine(args, impl, rank, world, device)
+        built = _engine(args, impl, rank, world, device)
+        step_engine = built.engine
         meta["chunk"] = args.chunk  # --chunk auto: the chunk chosen
         info = model_info(step_engine.model)
         pool = _pool(args, info, device)
-        gelu_epilogue = _recipe(args, world, args_batch=parse_sizes(args.batch)[0]).model.gelu_epilogue
-        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device, gelu_epilogue)
+        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device, built.recipe.model.gelu_epilogue)
                  if args.compile and cuda and impl == "infcl_ds" else None)
         if check and rank == 0:
             print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e} "
