@@ -575,12 +575,14 @@ def test_bad_plan_arguments_are_one_line_naming_them(args, named, capsys):
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and named in err, err
 
 
-def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(capsys):
-    """tiny-cpu on 2 GPUs: '80 GiB' was not marked as assumed, and its decoding line advised
-    data.decode_workers=58886."""
+def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(capsys, monkeypatch):
+    """tiny-cpu on 2 GPUs planned on a node without GPUs: '80 GiB' is marked as assumed, and its
+    decoding line advises no data.decode_workers=58886."""
+    from test_plan_machine import CPU_NODE
+    monkeypatch.setattr("infcl_ds.plan.cli.read_node", lambda: CPU_NODE)
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-2].startswith("fits: ") and out[-2].endswith("(assumed 80.0 GiB GPUs; pass --gpu-memory)")
+    assert out[-2].startswith("fits: ") and out[-2].endswith("(assumed 80 GiB GPUs: this node has none; pass --gpu-memory)")
     decoding = next(line for line in out if line.strip().startswith("decoding:"))
     assert "data.decode_workers=" not in decoding and "decode processes per rank would be needed" in decoding
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", "--gpu-memory", "24GiB"]) == 0

@@ -8,18 +8,21 @@ Exit status: 0 the recipe fits, 1 it does not (the verdict says why and what wou
 refused (invalid recipe, a batch that does not split over the GPUs, an unsupported model).
 The world comes from --gpus, else from the hostfile as DeepSpeed's launcher reads it (same
 --include/--exclude/--num_nodes/--num_gpus), else from --num_gpus, else from a recipe file
-named like `*-32gpu.yaml`.
+named like `*-32gpu.yaml`. GPU and host memory come from the flags, else from this node where it
+has a GPU (plan/machine.py), else are assumed; the report says which.
 """
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
 from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_number
 from ..config import RecipeError, load_recipe
 from .errors import PlanError
-from .plan import make_plan
+from .machine import Node, read_node
+from .plan import DEFAULT_HOST_MEMORY, make_plan
 from .report import render_plan, render_scaling
 from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, ring_scaling_table
 
@@ -75,6 +78,37 @@ def _world(args) -> Tuple[int, Optional[int]]:
     raise PlanError("plan: say how many GPUs: --gpus N, --hostfile F or --num_gpus N")
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """The GPU and host memory a plan is made for, each with where it came from (a note for the
+    report; empty when a flag gave it)."""
+    gpu_bytes: int
+    gpu_note: str
+    host_bytes: int
+    host_note: str
+
+
+def memory_sizes(gpu_flag: Optional[int], host_flag: Optional[int], node: Optional[Node] = None) -> Sizes:
+    """Flags first; else this node's sizes where it has a GPU (it is a training node); else
+    assumed sizes, said to be. ``node`` is read only when a flag is missing."""
+    if node is None and (gpu_flag is None or host_flag is None):
+        node = read_node()
+    if gpu_flag is not None:
+        gpu = (gpu_flag, "")
+    elif node.has_gpus:
+        gpu = (node.gpu_memory_bytes, f"read from this node: {node.gpu_text()}")
+    else:
+        gpu = (ASSUMED_GPU_MEMORY, f"assumed {ASSUMED_GPU_MEMORY // 2**30} GiB GPUs: this node has none; "
+                                   "pass --gpu-memory")
+    if host_flag is not None:
+        host = (host_flag, "")
+    elif node.has_gpus:
+        host = (node.host_memory_bytes, f"read from this node's {node.host_memory_source}")
+    else:
+        host = (DEFAULT_HOST_MEMORY, "assumed: this node has no GPU; pass --host-memory")
+    return Sizes(*gpu, *host)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="infcl-ds plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="recipe YAML")
@@ -83,9 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=positive_int, default=0, help="data-parallel ranks (default: from the hostfile)")
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--gpu-memory", type=parse_size, default=None,
-                   help=f"per GPU (default: {ASSUMED_GPU_MEMORY // 2**30} GiB, said to be assumed)")
+                   help="per GPU (default: read from this node's GPUs; without one "
+                        f"{ASSUMED_GPU_MEMORY // 2**30} GiB, said to be assumed)")
     p.add_argument("--host-memory", type=parse_size, default=None,
-                   help="per node (default: 2TiB, reported as assumed)")
+                   help="per node (default: read from this node where it has a GPU, its cgroup limit if lower; "
+                        "else 2TiB, said to be assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
     p.add_argument("--encoder-tflops", type=positive_number, default=None,
                    help="effective encoder rate per GPU, bf16, for every model (default: the model's measured "
@@ -129,14 +165,14 @@ def main(argv=None) -> int:
             raise PlanError("plan: --config RECIPE is required (or --scaling)")
         recipe = load_recipe(args.config, args.overrides)
         gpus, per_node = _world(args)
-        plan = make_plan(recipe, gpus, args.gpu_memory or ASSUMED_GPU_MEMORY, per_node or args.gpus_per_node,
-                         args.host_memory,
+        sizes = memory_sizes(args.gpu_memory, args.host_memory)
+        plan = make_plan(recipe, gpus, sizes.gpu_bytes, per_node or args.gpus_per_node, sizes.host_bytes,
                          encoder_tflops=args.encoder_tflops, network=args.network,
                          max_step_s=args.max_step_time, rates=rates)
     except (RecipeError, PlanError) as err:
         print(f"refused: {err}", file=sys.stderr)
         return 2
-    print(render_plan(plan, gpu_memory_assumed=args.gpu_memory is None))
+    print(render_plan(plan, gpu_memory_note=sizes.gpu_note, host_memory_note=sizes.host_note))
     return 0 if plan.fits else 1
 
 

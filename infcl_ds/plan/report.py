@@ -45,12 +45,13 @@ def _gpu_table(plan: Plan) -> List[str]:
     return lines
 
 
-def _host_line(plan: Plan) -> str:
+def _host_line(plan: Plan, host_memory_note: str = "") -> str:
     ranks = min(plan.gpus, plan.gpus_per_node)
     data = plan.recipe.data
     pieces = mem.input_samples_held(plan.local_batch, data.workers, data.worker_batch) - 2 * plan.local_batch
     parts = ", ".join(f"{name} {mem.gib(nbytes)}" for name, nbytes in plan.host.items())
-    assumed = " (assumed; pass --host-memory)" if plan.host_memory_assumed else ""
+    note = host_memory_note or ("assumed; pass --host-memory" if plan.host_memory_assumed else "")
+    assumed = f" ({note})" if note else ""
     if data.host_batch == "encoded":
         form = (f"{mem.sample_host_bytes(plan.model, plan.recipe, plan.image_bytes):,} B per sample held encoded "
                 f"(image {plan.image_bytes:,} B, {plan.image_bytes_source}; tokens; row table)")
@@ -136,13 +137,14 @@ def _limit_lines(plan: Plan) -> List[str]:
 MAX_DECODE_WORKERS_ADVISED = 64
 
 
-def render_plan(plan: Plan, gpu_memory_assumed: bool = False) -> str:
-    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last. A GPU
-    size the caller assumed (no --gpu-memory) is said to be one, in the verdict."""
-    lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan), ""] + _time_lines(plan)
+def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "") -> str:
+    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last. Where
+    the GPU and host sizes came from (read off this node, or assumed) is said beside them when
+    the caller gives a note: in the verdict for the GPUs, on the host line for the host."""
+    lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan, host_memory_note), ""] + _time_lines(plan)
     lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice]
-    assumed = f" (assumed {mem.gib(plan.gpu_memory_bytes)} GiB GPUs; pass --gpu-memory)" if gpu_memory_assumed else ""
-    lines += [plan.verdict + assumed, f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
+    lines += [plan.verdict + (f" ({gpu_memory_note})" if gpu_memory_note else ""),
+              f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
     return "\n".join(lines)
 
 
