@@ -4,6 +4,7 @@
 #
 #   bash tests/run.sh [PYTEST ARGS]          # the whole suite on CPU
 #   bash tests/run.sh --gpu [PYTEST ARGS]    # the tests marked gpu, on CUDA
+#   bash tests/run.sh --gpu --part K/N [PYTEST ARGS]   # the K-th of N parts of them
 #
 # --gpu: the tests marked `gpu` (kernels, rings, losses and drop-ins, engine, towers;
 # tests/README.md lists them) against the same float64 references, but compiled (no interpreter),
@@ -11,12 +12,27 @@
 # ranks than there are GPUs are skipped (the ring goes up to 4 ranks, the engine uses 2), and
 # so are the marked files' gloo-only cases. A marker, not a file list: tests/test_gpu_marker.py
 # fails when a test file of the kernels, rings, losses or engine carries none.
+#
+# --part K/N: the marked tests split into N parts of about equal time (pytest-split, with the
+# durations measured on a two-GPU machine in tests/gpu_durations.json), so that each part fits a
+# bounded command; the N parts together are the whole marked set. Refresh the durations with
+# `--store-durations` (merged into the file).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
+part=()
 if [ "${1:-}" = "--gpu" ]; then
   gpu=1
   shift
+  if [ "${1:-}" = "--part" ]; then
+    if ! [[ "${2:-}" =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ ]] || [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+      echo "tests/run.sh: --part takes K/N with 1 <= K <= N, got '${2:-}'" >&2
+      exit 2
+    fi
+    part=(--splits "${BASH_REMATCH[2]}" --group "${BASH_REMATCH[1]}" --splitting-algorithm least_duration
+          --durations-path "$root/tests/gpu_durations.json")
+    shift 2
+  fi
 fi
 cd "$root"
 export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -27,7 +43,7 @@ if [ "$gpu" = 1 ]; then
   # A GPU machine's own Python when it already has CUDA torch and the packages (lent GPU machines
   # cannot reach a package index, and a venv would fetch a CPU torch); else the project's venv.
   python=${PYTHON:-python3}
-  if "$python" -c 'import torch, triton, deepspeed, open_clip, pytest; assert torch.cuda.is_available()' 2>/dev/null; then
+  if "$python" -c 'import torch, triton, deepspeed, open_clip, pytest, pytest_split; assert torch.cuda.is_available()' 2>/dev/null; then
     export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
   else
     bash "$root/launch/setup.sh"
@@ -35,7 +51,7 @@ if [ "$gpu" = 1 ]; then
   fi
   unset TRITON_INTERPRET DS_ACCELERATOR
   export INFCL_DS_TEST_DEVICE=cuda
-  exec "$python" -m pytest -q -m gpu "$@"
+  exec "$python" -m pytest -q -m gpu ${part[@]+"${part[@]}"} "$@"
 fi
 bash "$root/launch/setup.sh"
 # OpenMPI (Debian's packages) for the mpirun launch test; a no-op when mpirun exists.
