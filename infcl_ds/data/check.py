@@ -4,19 +4,19 @@ so that a typo fails in a second instead of after every rank has built its engin
 
 Cheap: shard patterns are expanded and every shard must exist and be a regular file (no tar
 is read), a CSV must exist, be UTF-8 throughout (a byte order mark is fine) and have the
-recipe's image and caption columns, an evaluation split must have its shards and zero-shot
-prompts. The trainer runs the same check at start-up and checks the contents as it reads
-them. The command also indexes every training shard (tar headers only, cached for the
-trainer): one cut short is named, since training would only warn and read what it holds; and
-it reads every CSV row as the trainer does (a field over MAX_CSV_FIELD_CHARS is named) and
+recipe's image and caption columns and a row under them, an evaluation split must have its
+shards and sound zero-shot prompts. The trainer runs the same check at start-up and checks the
+contents as it reads them. The command also indexes every training shard (tar headers only,
+cached for the trainer): one cut short is named, since training would only warn and read what
+it holds; and it reads every CSV row as the trainer does (a malformed one, such as a field
+over MAX_CSV_FIELD_CHARS, a NUL or a quote left open, is named), warns of the rows training would
+skip and count (wrong field count, no image path, an empty or oversized caption: lines and
+count; refused only when no row is usable), and
 looks at (stats, never reads) every row's image: one that is a FIFO, a device or over
 MAX_IMAGE_BYTES is named, since training would only skip it; a missing one is left to the
-trainer's skip count, as before.
+trainer's skip count.
 """
 import argparse
-import codecs
-import csv
-import io
 import os
 import sys
 from pathlib import Path
@@ -26,14 +26,15 @@ from ..shown import shown
 from .errors import DataError
 from .eval import find_zeroshot
 from .samples import MAX_IMAGE_BYTES, not_a_sample_file
-from .sources import CSV_ENCODING, csv_rows, csv_separator, require_columns
+from .sources import (ROWS_NAMED, CsvColumns, bad_rows_message, csv_rows, csv_separator, require_columns, require_rows,
+                      scan_utf8)
 from .tar_index import cut_short_message, shard_spans
 from .webdataset_source import expand_shards
 
 
 def check_paths(data, images: bool = False) -> str:
     """A one-line summary of what the recipe's `data` section points at; DataError otherwise.
-    With `images`, every CSV row's image is stat'ed too (check_csv_images): the command's
+    With `images`, every CSV row is read and its image stat'ed too (check_csv_rows): the command's
     check, not the trainer's start-up, where millions of stats on every rank would be slow."""
     if data.source == "synthetic":
         found = f"synthetic data, {data.synthetic_size} samples"
@@ -44,8 +45,9 @@ def check_paths(data, images: bool = False) -> str:
             found += f" ({check_shards_whole(shards)} samples)"
     else:
         rows = check_csv(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator)
-        if images:
-            check_csv_images(data.train, data.csv_img_key, data.csv_separator)
+        skipped = check_csv_rows(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator) if images else None
+        if skipped:
+            print(f"infcl-ds data check: warning: {skipped}", file=sys.stderr)
         found = f"CSV {data.train} ({rows} lines)"
     if data.eval:
         eval_shards = expand_shards(data.eval)
@@ -68,52 +70,58 @@ def check_shards_whole(shards) -> int:
 
 
 def check_csv(path, img_key: str, caption_key: str, separator: Optional[str] = None) -> int:
-    """The CSV exists, decodes as UTF-8 (the first bad byte's line named) and its header has
-    both columns; returns its number of lines after the header. One pass over the file's bytes."""
+    """The CSV exists, decodes as UTF-8 (the first bad byte's line named), has both columns in
+    its header and a row under it; returns its number of lines after the header. One pass over
+    the file's bytes; only the header and the first row are parsed."""
     path = Path(path)
     separator = csv_separator(path, separator)
-    decoder, line, header = codecs.getincrementaldecoder(CSV_ENCODING)(), 1, None  # line: 1 + newlines read
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            try:
-                text = decoder.decode(block)
-            except UnicodeDecodeError as err:
-                line += err.object[:err.start].count(b"\n")
-                raise DataError(f"CSV {path} is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
-            if header is None:
-                header = text
-            elif "\n" not in header:
-                header += text
-            line += block.count(b"\n")
-    try:
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise DataError(f"CSV {path} is not UTF-8: it ends inside a multi-byte character") from None
-    fields = next(csv.reader(io.StringIO(header or ""), delimiter=separator), [])
-    require_columns(path, fields, (img_key, caption_key), separator,
-                    "; set data.csv_img_key / data.csv_caption_key / data.csv_separator")
-    return max(0, line - 2)  # the newlines after the header's
+    newlines = scan_utf8(path)
+    with csv_rows(path, separator) as rows:
+        require_columns(path, rows.header, (img_key, caption_key), separator,
+                        "; set data.csv_img_key / data.csv_caption_key / data.csv_separator")
+        require_rows(path, next(iter(rows), None) is not None)
+    return max(0, newlines - 1)
 
 
-def check_csv_images(path, img_key: str, separator: Optional[str] = None) -> None:
+def check_csv_rows(path, img_key: str, caption_key: str, separator: Optional[str] = None) -> Optional[str]:
     """DataError naming the first row (line, path, why) whose image the trainer would refuse
-    to read: not a regular file (a FIFO blocks, a device never ends) or over MAX_IMAGE_BYTES.
+    to read: not a regular file (a FIFO blocks, a device never ends) or over MAX_IMAGE_BYTES, or
+    when no row is usable. Rows the trainer skips and counts (CsvColumns.problem) are returned as
+    a one-line warning naming the first few lines, why, and their count (None when there are
+    none): a large caption file with a few empty captions still trains, as OpenCLIP's would.
     Only stats: no image is opened, so this cannot block either."""
     path = Path(path)
     separator = csv_separator(path, separator)
+    bad, total, first_bad = 0, 0, []
     with csv_rows(path, separator) as rows:
-        for row in rows:
-            name = row.get(img_key)
-            if not name:
+        columns = CsvColumns(rows.header, img_key, caption_key)
+        for line, fields in rows:
+            total += 1
+            why = columns.problem(fields)
+            if why is None:
+                check_image(path, line, fields[columns.image])
                 continue
-            try:
-                info = os.stat(path.parent / name)
-            except OSError:
-                continue  # missing or unreadable: skipped and counted in training
-            why = not_a_sample_file(info)
-            if why is not None:
-                raise DataError(f"CSV {path} line {rows.reader.line_num}: image {shown(name, quote=False)} {why}; only regular "
-                                f"files of at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
+            bad += 1
+            if len(first_bad) < ROWS_NAMED:
+                first_bad.append((line, why))
+    if not bad:
+        return None
+    message = bad_rows_message(path, bad, total, first_bad)
+    if bad == total:
+        raise DataError(f"{message}: not one row is usable")
+    return message
+
+
+def check_image(path: Path, line: int, name: str) -> None:
+    """DataError if the CSV's row at `line` names an image the trainer would refuse to read."""
+    try:
+        info = os.stat(path.parent / name)
+    except OSError:
+        return  # missing or unreadable: skipped and counted in training
+    why = not_a_sample_file(info)
+    if why is not None:
+        raise DataError(f"CSV {path} line {line}: image {shown(name, quote=False)} {why}; only regular "
+                        f"files of at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

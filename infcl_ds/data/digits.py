@@ -9,10 +9,15 @@ runs end to end on any machine.
 import argparse
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from ..cli_args import ArgumentParser, positive_int, positive_number
+from ..shown import shown
+from .errors import DataError
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -82,13 +87,25 @@ def write_split(folder: Path, indices, images, labels, templates, image_size: in
     return len(list(folder.glob("shard-*.tar")))
 
 
+def make_output_dir(out) -> Path:
+    """`out`, made if missing; DataError if it is something other than a directory."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make the directory --out {out}: {e}") from None
+    return out
+
+
 def build_digits(out_dir, *, image_size: int = 32, seed: int = 0, holdout: float = 0.2,
                  shard_size: int = 500, image_format: str = "png") -> dict:
     """Write DIR/train, DIR/test, DIR/zeroshot.json and DIR/README.txt; return a summary."""
+    out = make_output_dir(out_dir)  # before scikit-learn's import: a bad --out is said at once
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    out = Path(out_dir)
     digits = load_digits()
     n = len(digits.target)
     train, test = train_test_split(np.arange(n), test_size=holdout, stratify=digits.target,
@@ -105,21 +122,59 @@ def build_digits(out_dir, *, image_size: int = 32, seed: int = 0, holdout: float
             "train_shards": shards["train"], "test_shards": shards["test"]}
 
 
+# The digits are 8x8: a larger side only makes bigger files of the same blur, and 1,797 images
+# of a huge side would fill the disk and memory before an error.
+MAX_IMAGE_SIDE = 1024
+
+
+def image_side(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_IMAGE_SIDE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_IMAGE_SIDE}, got {value}")
+    return value
+
+
+def split_seed(text: str) -> int:
+    """0 to 2**32 - 1: what both numpy's generators and scikit-learn's splits take."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a whole number") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be 0 to 2**32 - 1, got {value}")
+    return value
+
+
+def holdout_fraction(text: str) -> float:
+    """0.01 to 0.99: the split is stratified, so each side needs a sample of every digit (1,797
+    samples, ~180 a digit)."""
+    value = positive_number(text)
+    if not 0.01 <= value <= 0.99:
+        raise argparse.ArgumentTypeError(f"must be 0.01 to 0.99 (each split holds every digit), got {shown(text)}")
+    return value
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="infcl-ds data digits",
         description="Write scikit-learn's handwritten digits as WebDataset image-text shards "
                     "(train/test split, zero-shot prompts); no download.")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--image-size", type=int, default=32, help="side of the RGB PNGs (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="split and caption seed (default 0)")
-    parser.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
-    parser.add_argument("--shard-size", type=int, default=500, help="samples per shard (default 500)")
+    parser.add_argument("--image-size", type=image_side, default=32,
+                        help=f"side of the RGB PNGs, 1 to {MAX_IMAGE_SIDE} (default 32)")
+    parser.add_argument("--seed", type=split_seed, default=0, help="split and caption seed (default 0)")
+    parser.add_argument("--holdout", type=holdout_fraction, default=0.2,
+                        help="held-out fraction, 0.01 to 0.99 (default 0.2)")
+    parser.add_argument("--shard-size", type=positive_int, default=500, help="samples per shard (default 500)")
     parser.add_argument("--format", choices=IMAGE_FORMATS, default="png",
                         help="png (default), or jpg at quality 95 (for the GPU's JPEG decoder, data.decoder=nvjpeg)")
     args = parser.parse_args(argv)
-    s = build_digits(args.out, image_size=args.image_size, seed=args.seed, holdout=args.holdout,
-                     shard_size=args.shard_size, image_format=args.format)
+    try:
+        s = build_digits(args.out, image_size=args.image_size, seed=args.seed, holdout=args.holdout,
+                         shard_size=args.shard_size, image_format=args.format)
+    except (DataError, OSError) as err:  # a disk that fills, a folder that cannot be written
+        print(f"infcl-ds data digits: {err}", file=sys.stderr)
+        return 2
     print(f"digits: {s['train_samples']} train + {s['test_samples']} test samples "
           f"({s['train_shards']} + {s['test_shards']} shards, {s['image_size']}x{s['image_size']} RGB "
           f"{s['image_format'].upper()}) "

@@ -1,13 +1,15 @@
 """`build_eval_data`: a labelled WebDataset split (the `digits` layout) for zero-shot
 classification and retrieval, in a fixed order, every usable sample once."""
 import json
+import string
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
+from ..shown import shown
 from .batch import normalize
 from .errors import DataError
 from .samples import SkipSample
@@ -16,27 +18,82 @@ from .webdataset_source import TarSource
 
 
 def find_zeroshot(shards: List[Path]) -> dict:
-    """zeroshot.json beside the first shard or one level up (DIR/test/.. = DIR)."""
+    """zeroshot.json beside the first shard or one level up (DIR/test/.. = DIR), checked
+    (check_prompts)."""
     folder = shards[0].parent
     path = next((p for p in (folder / "zeroshot.json", folder.parent / "zeroshot.json") if p.is_file()), None)
     if path is None:
         raise DataError(f"no zeroshot.json in {folder} or {folder.parent}")
     try:
-        prompts = json.loads(path.read_text())
-    except ValueError as e:
-        raise DataError(f"{path} is not valid JSON: {e}") from e
-    templates = prompts.get("templates") or []
-    if not prompts.get("classnames") or not templates or any("{}" not in t for t in templates):
-        raise DataError(f"{path} needs non-empty 'classnames' and 'templates', each template with '{{}}'")
+        prompts = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting too deep recurses
+        raise DataError(f"{path} is not valid JSON: {shown(str(e), quote=False) or type(e).__name__}") from None
+    check_prompts(path, prompts)
     return prompts
+
+
+def check_prompts(path: Path, prompts) -> None:
+    """DataError naming the file and key unless `prompts` is {"classnames": a non-empty list of
+    non-empty strings, "templates": a non-empty list of strings with one "{}" slot each}.
+    Anything looser evaluates silently wrong: a string of class names is iterated as its
+    letters, and open_clip's classifier fills a template with `template.format(classname)`."""
+    if not isinstance(prompts, dict):
+        raise DataError(f"{path}: the top level must be an object with 'classnames' and 'templates', "
+                        f"not {_kind(prompts)}")
+    for key, why in (("classnames", _classnames_problem), ("templates", _templates_problem)):
+        problem = why(prompts.get(key))
+        if problem:
+            raise DataError(f"{path}: '{key}' {problem}")
+
+
+def _classnames_problem(names) -> Optional[str]:
+    if not isinstance(names, list) or not names:
+        return f"must be a non-empty list of class names, not {_kind(names)}"
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name.strip():
+            return f"must hold non-empty strings: item {i} is {_kind(name)}"
+    return None
+
+
+def _templates_problem(templates) -> Optional[str]:
+    if not isinstance(templates, list) or not templates:
+        return "must be a non-empty list of templates such as \"a photo of a {}.\", not " + _kind(templates)
+    for i, template in enumerate(templates):
+        if not isinstance(template, str):
+            return f"must hold strings: item {i} is {_kind(template)}"
+        slots = _slots(template)
+        if slots != ["{}"]:
+            found = shown(", ".join(slots), quote=False) if slots else "none"
+            return f"must each hold exactly one '{{}}' slot: item {i} {shown(template)} has {found}"
+    return None
+
+
+def _slots(template: str) -> List[str]:
+    """The replacement fields of a str.format template as written ("{}", "{name}", "{0:>3}"),
+    or the parse error: a lone brace."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        return [f"a stray brace ({e})"]
+    return ["{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            for _, name, spec, conv in parsed if name is not None]
+
+
+def _kind(value) -> str:
+    """A JSON value for a message: a string or number shown (bounded), else its JSON type."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return f"{'a string' if isinstance(value, str) else 'a number'} {shown(value)}"
+    return {dict: "an object", list: "an empty list" if value == [] else "a list", bool: "a boolean",
+            type(None): "missing or null"}.get(type(value), type(value).__name__)
 
 
 class EvalDataset(Dataset):
     """index -> (uint8 image, caption, label), or None for an unusable sample (dropped, not
-    replaced: evaluation has no fixed batch size to keep)."""
+    replaced: evaluation has no fixed batch size to keep). A label that is none of the
+    `classes` zero-shot classes makes a sample unusable too: it could only count as a miss."""
 
-    def __init__(self, source: TarSource, transform):
-        self.source, self.transform = source, transform
+    def __init__(self, source: TarSource, transform, classes: int):
+        self.source, self.transform, self.classes = source, transform, classes
 
     def __len__(self) -> int:
         return len(self.source)
@@ -45,6 +102,8 @@ class EvalDataset(Dataset):
         try:
             sample = self.source.load(index, with_label=True)
         except SkipSample:
+            return None
+        if not 0 <= sample.label < self.classes:
             return None
         return self.transform(sample.image), sample.caption, sample.label
 
@@ -75,7 +134,7 @@ class EvalData:
         self.templates: List[str] = list(prompts["templates"])
         self.num_samples = len(source)
         self.skipped = 0
-        self._loader_args = dict(dataset=EvalDataset(source, transform), batch_size=batch_size,
+        self._loader_args = dict(dataset=EvalDataset(source, transform, len(self.classnames)), batch_size=batch_size,
                                  shuffle=False, collate_fn=collate, num_workers=workers)
 
     def __iter__(self):

@@ -13,12 +13,16 @@ import argparse
 import io
 import json
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 from PIL import Image, ImageEnhance
+
+from .digits import make_output_dir
+from .errors import DataError
 
 SCIKIT_IMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "immunohistochemistry")
 
@@ -91,8 +95,7 @@ def make_photo_shards(out, samples: int, shard_size: int, *, seed: int = 0, phot
                       shorter=(256, 385), quality: int = 90, workers: Optional[int] = None) -> dict:
     """Write ceil(samples / shard_size) shards to `out`; returns a summary (also in
     `out/photos.json`): samples, shards, mean JPEG bytes per sample."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_dir(out)
     tasks = [(str(out), n, first, min(shard_size, samples - first), seed, photos, shorter, quality)
              for n, first in enumerate(range(0, samples, shard_size))]
     with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
@@ -113,8 +116,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None)
     args = p.parse_args(argv)
-    summary = make_photo_shards(args.out, args.samples, args.shard_size, seed=args.seed, photos=args.photos,
-                                quality=args.quality, workers=args.workers)
+    try:
+        summary = make_photo_shards(args.out, args.samples, args.shard_size, seed=args.seed, photos=args.photos,
+                                    quality=args.quality, workers=args.workers)
+    except (DataError, OSError) as err:  # a disk that fills, a folder that cannot be written
+        print(f"infcl-ds data photos: {err}", file=sys.stderr)
+        return 2
     print(f"{summary['samples']:,} samples in {summary['shards']} shards under {args.out}, "
           f"{summary['image_bytes_per_sample']:,.0f} JPEG bytes per sample")
     return 0

@@ -33,6 +33,12 @@ MAX_REPLACEMENT_TRIES = 100
 # would fill the rank's memory before it failed to decode.
 MAX_IMAGE_BYTES = 64 << 20
 
+# The largest caption or label read as a sample's (MAX_TEXT_BYTES), in a tar member or a CSV
+# cell. The tokenizer keeps 77 tokens (a few hundred bytes), so no real caption comes near it; it
+# only bounds what one sample's text may cost: a 48 MB "caption" would be read, decoded and
+# tokenized whole for every draw. Generous, so that captions holding a long page's text still train.
+MAX_TEXT_BYTES = 256 << 10
+
 
 class SkipSample(Exception):
     """This sample is unusable; the message says why."""
@@ -146,7 +152,7 @@ def parse_label(data: Optional[bytes]) -> int:
     try:
         value = json.loads(data)
         return int(value["label"] if isinstance(value, dict) else value)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError) as e:  # OverflowError: 1e400 parses as inf
         raise SkipSample(f"bad label: {e}") from e
 
 

@@ -5,10 +5,16 @@ decoded), grouping members by WebDataset key (the name up to the first dot of th
 `webdataset` groups them). Each sample gets a byte span (offset, size) for three roles: image
 (jpg, jpeg, png, webp: first present), text (txt) and label (cls, json); -1 marks a missing
 member. The spans are cached per shard under $INFCL_DS_CACHE (default ~/.cache/infcl_ds), keyed
-by the shard's real path, size and mtime, so a restart does not rescan.
+by the shard's real path, size and mtime, so a restart does not rescan. A cache file is plain
+integers behind a header that lets it verify itself (cache_header); one that does not (cut, edited,
+another version's, another shard's) is rebuilt without a word: it is a cache, never an input.
+
+Reading a member is bounded by its role's limit (MAX_IMAGE_BYTES, MAX_TEXT_BYTES): a sample with
+a larger one is skipped, and its member never read.
 """
 import hashlib
 import os
+import struct
 import tarfile
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -17,9 +23,13 @@ import numpy as np
 from webdataset.tariterators import base_plus_ext
 
 from .errors import DataError
+from .samples import MAX_IMAGE_BYTES, MAX_TEXT_BYTES, SkipSample
 
 IMAGE, TEXT, LABEL = range(3)
 ROLE_EXTENSIONS = (("jpg", "jpeg", "png", "webp"), ("txt",), ("cls", "json"))
+# Per role: its name in a message, the most bytes read of its member, that limit's name.
+ROLE_LIMITS = (("image", MAX_IMAGE_BYTES, "MAX_IMAGE_BYTES"), ("caption", MAX_TEXT_BYTES, "MAX_TEXT_BYTES"),
+               ("label", MAX_TEXT_BYTES, "MAX_TEXT_BYTES"))
 
 
 def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
@@ -58,32 +68,71 @@ def cut_short_message(path: Path, samples: int) -> str:
             f"block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it out")
 
 
-def _cache_file(path: Path) -> Path:
-    stat = path.stat()
+def _cache_file(path: Path, stat: os.stat_result) -> Path:
     ident = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     root = Path(os.environ.get("INFCL_DS_CACHE", Path.home() / ".cache" / "infcl_ds"))
-    return root / "tar-index" / f"{hashlib.sha1(ident).hexdigest()}.npy"
+    return root / "tar-index" / f"{hashlib.sha1(ident).hexdigest()}.idx"
+
+
+# A cache file: CACHE_HEADER (magic, format version, the shard's size and mtime, the number of
+# samples, the payload's SHA-256), then the spans as little-endian int64. The name already
+# encodes the shard's path, size and mtime; the header repeats them so that a file copied or
+# renamed onto another name does not verify, and the checksum catches a cut or edited payload.
+CACHE_MAGIC, CACHE_VERSION = b"INFCLTIX", 1
+CACHE_HEADER = struct.Struct("<8sIQqQ32s")
+SPAN_DTYPE = np.dtype("<i8")
+ROW_BYTES = len(ROLE_EXTENSIONS) * 2 * SPAN_DTYPE.itemsize
+
+
+def cache_header(stat: os.stat_result, payload: bytes) -> bytes:
+    return CACHE_HEADER.pack(CACHE_MAGIC, CACHE_VERSION, stat.st_size, stat.st_mtime_ns, len(payload) // ROW_BYTES,
+                             hashlib.sha256(payload).digest())
+
+
+def read_cache(cache: Path, stat: os.stat_result) -> Optional[np.ndarray]:
+    """The spans cached for a shard with this stat, or None if the file is absent or does not
+    verify. Reads only a file of the size its header announces."""
+    try:
+        with open(cache, "rb") as f:
+            header = f.read(CACHE_HEADER.size)
+            if len(header) != CACHE_HEADER.size:
+                return None
+            rows = CACHE_HEADER.unpack(header)[4]
+            if os.fstat(f.fileno()).st_size != CACHE_HEADER.size + rows * ROW_BYTES:
+                return None
+            payload = f.read(rows * ROW_BYTES)
+    except OSError:
+        return None
+    if header != cache_header(stat, payload):
+        return None
+    return np.frombuffer(payload, SPAN_DTYPE).astype(np.int64).reshape(rows, len(ROLE_EXTENSIONS), 2)
+
+
+def write_cache(cache: Path, stat: os.stat_result, spans: np.ndarray) -> None:
+    """Atomically (ranks may index the same shard at once); a failure only costs a rescan."""
+    payload = np.ascontiguousarray(spans, dtype=SPAN_DTYPE).tobytes()
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(cache_header(stat, payload) + payload)
+        os.replace(tmp, cache)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def shard_spans(path: Path) -> Tuple[np.ndarray, bool]:
-    """`scan_shard`, through the cache. The cache is written atomically (ranks may index the
-    same shard at once), and a failure to write it only costs a rescan. A shard cut short is
-    not cached: it is scanned, and reported, at every start until it is replaced."""
-    cache = _cache_file(path)
-    if cache.exists():
-        return np.load(cache), False
+    """`scan_shard`, through the cache. A shard cut short is not cached: it is scanned, and
+    reported, at every start until it is replaced."""
+    stat = path.stat()
+    cache = _cache_file(path, stat)
+    spans = read_cache(cache, stat)
+    if spans is not None:
+        return spans, False
     spans, cut = scan_shard(path)
-    if cut:
-        return spans, cut
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, spans)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-    return spans, False
+    if not cut:
+        write_cache(cache, stat, spans)
+    return spans, cut
 
 
 class TarIndex:
@@ -106,13 +155,20 @@ class TarIndex:
         return self.shards[int(np.searchsorted(self.starts, index, side="right")) - 1]
 
     def read(self, index: int, roles) -> List[Optional[bytes]]:
-        """The bytes of the given roles' members of sample `index` (None where missing)."""
+        """The bytes of the given roles' members of sample `index` (None where missing);
+        SkipSample, before anything is read, if one is over its role's limit."""
         spans = self.spans[index]
+        for role in roles:
+            name, limit, limit_name = ROLE_LIMITS[role]
+            if spans[role, 1] > limit:
+                raise SkipSample(f"{name} member of {int(spans[role, 1]):,} bytes, over the limit of {limit:,} "
+                                 f"({limit_name}), in shard {self.shard_of(index)}")
         with open(self.shard_of(index), "rb") as f:
             return [_read_span(f, *spans[role]) for role in roles]
 
 
 def _read_span(f, offset: int, size: int) -> Optional[bytes]:
+    """`size` bytes at `offset` (at most the role's limit: TarIndex.read checked it)."""
     if offset < 0:
         return None
     f.seek(offset)
