@@ -33,7 +33,8 @@ SETTINGS = SYNTHETIC + ["precision.dtype=fp32", "optimizer.eps=1e-3", f"schedule
 # (ZeRO stage, the world size that writes, the world size that resumes).
 CASES = [(0, 1, 2), (1, 2, 1), (2, 1, 2), (3, 2, 4)]
 HOSTILE = (1, 2, 1)  # its checkpoint, with a pickle that runs code, is also resumed: refused
-NVME = "zero.overrides={zero_optimization: {offload_optimizer: {device: nvme, nvme_path: /nonexistent}}}"
+# An NVMe path that exists: the recipe refuses a missing one at load, before the resume's check.
+NVME = "zero.overrides={zero_optimization: {offload_optimizer: {device: nvme, nvme_path: /tmp}}}"
 
 
 def _recipe(run_dir, stage, extra=()):

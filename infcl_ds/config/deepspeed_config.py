@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import Any, Dict
 
 from ..resources import package_file
-from .recipe import Recipe, RecipeError
+from ..shown import shown
+from .recipe import Recipe, RecipeError, owned_key
+
+# ZeRO's offloads that may go to NVMe, each into the directory of its nvme_path.
+_OFFLOADS = ("offload_optimizer", "offload_param")
 
 
 def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -40,11 +44,60 @@ def base_config(recipe: Recipe) -> Dict[str, Any]:
     if not isinstance(config, dict):
         raise RecipeError(f"recipe: zero.base_config {path} is not a JSON object")
     config.pop("_comment", None)
+    # The packaged bases hold gradient_clipping and bf16 at what build_deepspeed_config writes
+    # over them; a base of one's own holds only what the recipe leaves to DeepSpeed.
+    owned = owned_key(config) if recipe.zero.base_config else None
+    if owned:
+        raise RecipeError(f"recipe: zero.base_config {path}: {owned}")
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", 0) if isinstance(zero, dict) else zero
     if stage != recipe.zero.stage:
         raise RecipeError(f"recipe: zero.stage={recipe.zero.stage} but {path} sets zero_optimization.stage={stage}")
     return config
+
+
+def _holds(config: Dict[str, Any], key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return False
+        config = config[part]
+    return True
+
+
+def _written_at(recipe: Recipe, base: Dict[str, Any], key: str) -> str:
+    """Where the DeepSpeed `key` (dotted) is written, for a message: zero.overrides, else the
+    base config, else (nowhere) zero.overrides, where it would go."""
+    if _holds(base, key) and not _holds(recipe.zero.overrides, key):
+        return f"zero.base_config {recipe.zero.base_config or f'zero{recipe.zero.stage}.json'}: {key}"
+    return f"zero.overrides.{key}"
+
+
+def _check_nvme_paths(recipe: Recipe, base: Dict[str, Any]) -> None:
+    """Each ZeRO offload to NVMe names an existing directory (on the node that loads the recipe):
+    DeepSpeed would fail on it half-way through its start-up, with a traceback."""
+    zero = _merge(base, recipe.zero.overrides).get("zero_optimization", {})
+    for name in _OFFLOADS:
+        offload = zero.get(name) if isinstance(zero, dict) else None
+        if offload is None:
+            continue
+        if not isinstance(offload, dict):
+            raise RecipeError(f"recipe: {_written_at(recipe, base, f'zero_optimization.{name}')} must be a "
+                              f"mapping, got {shown(offload)}")
+        if offload.get("device") != "nvme":
+            continue
+        path, where = offload.get("nvme_path"), _written_at(recipe, base, f"zero_optimization.{name}.nvme_path")
+        if not isinstance(path, str) or not path:
+            raise RecipeError(f"recipe: {where} must be a directory for device nvme, got {shown(path)}")
+        if not Path(path).is_dir():
+            why = "is not a directory" if Path(path).exists() else "does not exist"
+            raise RecipeError(f"recipe: {where} {shown(path, quote=False)} {why}")
+
+
+def check_deepspeed_config(recipe: Recipe) -> None:
+    """What the recipe's DeepSpeed settings can be checked for at load: the base config (a JSON
+    object of the recipe's ZeRO stage, holding none of the recipe's keys) and the NVMe offload
+    directories; RecipeError naming the key otherwise."""
+    _check_nvme_paths(recipe, base_config(recipe))
 
 
 def build_deepspeed_config(recipe: Recipe, world_size: int) -> Dict[str, Any]:

@@ -10,11 +10,16 @@ keys, aliases or deep nesting, keys are names). Every problem is a one-line Reci
 the key, or the file and line.
 """
 import difflib
+import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union, get_args, get_origin
 
+import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator, \
+    model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from ..shown import shown
 from . import recipe_yaml
@@ -24,11 +29,62 @@ class RecipeError(ValueError):
     """A recipe that cannot run; the message names the key."""
 
 
-# YAML gives ints for ints: a bool or a float is not silently an int.
-Int = Annotated[int, Strict()]
-PositiveInt = Annotated[int, Strict(), Field(ge=1)]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+# Upper bounds of sizes and counts, checked at load: what one machine, or the run's own
+# bookkeeping, can hold. Optimizer values are bounded by being finite: a value that diverges is
+# the divergence guard's to report (training/divergence.py names the step).
+# Samples (batch sizes, a synthetic source): ~90x the 12M-sample batches this project targets;
+# sample indices and counts stay far inside int32 and int64 arithmetic.
+MAX_SAMPLES = 2 ** 30
+# Processes a rank forks (data.workers, data.decode_workers): more than the hardware threads of
+# the largest nodes (2 x 192 cores with SMT: 768), and every rank of the node forks its own.
+MAX_PROCESSES = 1024
+# GiB of one rank's host or GPU memory (data.*_gib): 16 TiB, more than any node holds.
+MAX_GIB = 16384
+# Steps: checkpoint tags are step_%08d, ordered by name (training/checkpoint.py).
+MAX_STEPS = 10 ** 8 - 1
+# An eval batch is decoded whole in host memory: 65,536 images of 224 px are 39 GB in float32.
+MAX_EVAL_BATCH = 2 ** 16
+# data.image_bytes is a mean stored image size: at most the largest image file a source reads
+# (data/samples.py MAX_IMAGE_BYTES, which the tests hold equal to this).
+MAX_IMAGE_BYTES = 64 << 20
+
+# A number YAML 1.2 reads that PyYAML's YAML 1.1 leaves as text (it wants a dot and a signed
+# exponent): 1e-3, 5E4, 1.0e3.
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def as_number(value) -> Optional[float]:
+    """`value` as a recipe's number, or None if it is not one: an int or a float, or a decimal
+    written as text (see _DECIMAL), never a bool. YAML reads yes/no/on/off/true/false as
+    booleans, and Python's bool is an int, so `lr: yes` would otherwise be 1.0."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return float(value) if _DECIMAL.fullmatch(value) else None
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond a float's range: infinite, for the finite check
+            return float("inf")
+    return None
+
+
+def _number(value):
+    number = as_number(value)
+    if number is None:
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return number
+
+
+def Count(low: int, high: int):
+    """An int from `low` to `high`. YAML gives ints for ints: a bool or a float is not silently one."""
+    return Annotated[int, Strict(), Field(ge=low, le=high)]
+
+
+# A number: a float or an int (`lr: 1`), never a bool (as_number).
+Float = Annotated[float, Strict(), BeforeValidator(_number)]
+NonNegativeFloat = Annotated[Float, Field(ge=0)]
+Fraction = Annotated[Float, Field(ge=0, le=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -56,11 +112,20 @@ def float8_supported(zero_stage: int) -> bool:
     return zero_stage < 3
 
 
+def float8_stage_refusal(setting, zero_stage: int) -> Optional[str]:
+    """Why `model.float8: setting` cannot run under ZeRO `zero_stage` (float8_supported), one line
+    naming both keys, or None: the recipe's check and the engine's word it alike."""
+    if not setting or float8_supported(zero_stage):
+        return None
+    return (f"model.float8={setting} is not supported with zero.stage={zero_stage} (float8 linear layers "
+            f"under ZeRO-3's parameter gathering are untested): use zero.stage 0-2 or model.float8: false")
+
+
 class ModelSection(Section):
     name: Text = "infcl-tiny"                    # an open_clip architecture (ViT-B-16, ViT-L-14, infcl-tiny...)
     grad_checkpointing: bool = False             # activation checkpointing of both encoders
     # initial weights and everything random; numpy's and Python's seeds take 32 bits
-    seed: Annotated[int, Strict(), Field(ge=0, le=2 ** 32 - 1)] = 0
+    seed: Count(0, 2 ** 32 - 1) = 0
     loss: Literal["clip", "siglip"] = "clip"     # clip (softmax) | siglip (sigmoid; the model gets a logit_bias)
     # torch.compile of both towers (engine/compile.py), once per chunk shape and pass. auto: on
     # for CUDA ranks where the ZeRO stage allows it (compile_supported: 0-2),
@@ -77,6 +142,9 @@ class ModelSection(Section):
 
 
 SYNTHETIC_SIZE = 4096
+# Characters that cannot separate a CSV's fields: the quote, line breaks, NUL.
+_NOT_SEPARATORS = '"\r\n\0'
+_NOT_SEPARATORS_TEXT = "'\"', a line break or NUL"
 
 
 class DataSection(Section):
@@ -85,13 +153,13 @@ class DataSection(Section):
     eval: Optional[Text] = None                  # a labelled split directory (see infcl-ds data digits)
     csv_img_key: Text = "filepath"
     csv_caption_key: Text = "title"
-    csv_separator: Optional[Text] = None         # default: tab for .tsv, comma otherwise
-    synthetic_size: Optional[PositiveInt] = None  # default: SYNTHETIC_SIZE, or one global batch if larger
-    workers: NonNegativeInt = 2                  # data-loader processes per rank
-    worker_batch: PositiveInt = 256              # samples per worker task (the pieces of a local batch)
+    csv_separator: Optional[str] = None          # one character; default: tab for .tsv, comma otherwise
+    synthetic_size: Optional[Count(1, MAX_SAMPLES)] = None  # default: SYNTHETIC_SIZE, or one global batch if larger
+    workers: Count(0, MAX_PROCESSES) = 2         # data-loader processes per rank
+    worker_batch: Count(1, MAX_SAMPLES) = 256    # samples per worker task (the pieces of a local batch)
     augment: bool = True
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
-    decode_workers: NonNegativeInt = 2           # encoded: decode processes per rank (0: in the training process)
+    decode_workers: Count(0, MAX_PROCESSES) = 2  # encoded: decode processes per rank (0: in the training process)
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
@@ -99,16 +167,26 @@ class DataSection(Section):
     decoder: Literal["pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
     # rates of the GPU and of decode_workers PIL processes (plan.hybrid_gpu_share).
-    gpu_decode_share: Union[Literal["auto"], Annotated[float, Field(ge=0, le=1)]] = "auto"
+    gpu_decode_share: Union[Literal["auto"], Fraction] = "auto"
     # encoded: GPU memory keeping the first pass's decoded chunks for the grad pass (those are
     # decoded once per step, not twice). auto: as much of the local batch as the planner finds
     # room for beside the chunk (plan.auto_keep_gib); 0: decode in both passes.
-    keep_decoded_gib: Union[Literal["auto"], NonNegativeFloat] = "auto"
+    keep_decoded_gib: Union[Literal["auto"], Annotated[Float, Field(ge=0, le=MAX_GIB)]] = "auto"
     # encoded: host memory per rank for decoded rows waiting to be used (the decode pool's window,
     # at most a local batch): the pool decodes ahead, across passes and steps, until it is full.
-    decode_window_gib: Annotated[float, Field(gt=0)] = 4.0
-    image_bytes: Optional[PositiveInt] = None    # encoded: mean stored bytes per image, for the planner
-                                                 # (default: measured from the shards where readable)
+    decode_window_gib: Annotated[Float, Field(gt=0, le=MAX_GIB)] = 4.0
+    # encoded: mean stored bytes per image, for the planner (default: measured from the shards
+    # where readable)
+    image_bytes: Optional[Count(1, MAX_IMAGE_BYTES)] = None
+
+    @field_validator("csv_separator")
+    @classmethod
+    def _one_character(cls, value):
+        # Python's csv module splits on one character; a quote, a line break or NUL cannot
+        # separate fields (each means something else to the reader).
+        if value is not None and (len(value) != 1 or value in _NOT_SEPARATORS):
+            raise ValueError(f"must be one character other than {_NOT_SEPARATORS_TEXT}, got {shown(value)}")
+        return value
 
     @field_validator("train", mode="before")
     @classmethod
@@ -126,25 +204,25 @@ class DataSection(Section):
 
 class BatchSection(Section):
     # YAML spells the global batch `global` (a Python keyword, hence the field's name).
-    global_size: PositiveInt = Field(512, alias="global")  # the contrastive batch across all ranks
+    global_size: Count(1, MAX_SAMPLES) = Field(512, alias="global")  # the contrastive batch across all ranks
     # Samples encoded at once (activation memory); auto: the largest power of two (at most
     # 2048) whose planned peak fits 90% of this GPU's memory (plan/plan.py: auto_chunk).
-    chunk: Union[PositiveInt, Literal["auto"]] = 64
+    chunk: Union[Count(1, MAX_SAMPLES), Literal["auto"]] = 64
     offload_features: bool = False               # cached features in pinned host memory
 
 
 class OptimizerSection(Section):
-    lr: float = Field(5e-4, gt=0)
+    lr: Annotated[Float, Field(gt=0)] = 5e-4
     weight_decay: NonNegativeFloat = 0.2         # OpenCLIP's rule decides which parameters decay
-    betas: Annotated[List[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.98]
-    eps: float = Field(1e-6, gt=0)
+    betas: Annotated[List[Annotated[Float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.98]
+    eps: Annotated[Float, Field(gt=0)] = 1e-6
     grad_clip: NonNegativeFloat = 0.0            # OpenCLIP clips nothing; DeepSpeed's default would be 1.0
 
 
 class ScheduleSection(Section):
-    steps: PositiveInt = 100                     # optimizer steps in the run
-    warmup_steps: NonNegativeInt = 10
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # cosine floor as a fraction of lr
+    steps: Count(1, MAX_STEPS) = 100             # optimizer steps in the run
+    warmup_steps: Count(0, MAX_STEPS) = 10
+    min_lr_ratio: Fraction = 0.0                 # cosine floor as a fraction of lr
 
     @model_validator(mode="after")
     def _warmup_within_run(self):
@@ -166,20 +244,20 @@ class ZeroSection(Section):
 
 
 class CheckpointSection(Section):
-    every: NonNegativeInt = 0                    # steps between checkpoints (0: only at the end)
-    keep: PositiveInt = 2                        # newest checkpoints kept
+    every: Count(0, MAX_STEPS) = 0               # steps between checkpoints (0: only at the end)
+    keep: Count(1, MAX_STEPS) = 2                # newest checkpoints kept
     resume: Optional[Text] = None                # "latest" or a tag
 
 
 class LoggingSection(Section):
-    every: PositiveInt = 1
+    every: Count(1, MAX_STEPS) = 1
     tensorboard: bool = True
     progress: bool = True
 
 
 class EvalSection(Section):
-    every: NonNegativeInt = 0                    # steps between evaluations (0: only at the end)
-    batch_size: PositiveInt = 256
+    every: Count(0, MAX_STEPS) = 0               # steps between evaluations (0: only at the end)
+    batch_size: Count(1, MAX_EVAL_BATCH) = 256
 
 
 MAX_TIMEOUT_MIN = 365 * 24 * 60
@@ -195,10 +273,11 @@ class DistributedSection(Section):
         # One message for every bad value (a bool, a word, zero, a negative number, infinity).
         if value is None:
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 / 60 <= value <= MAX_TIMEOUT_MIN:
+        minutes = as_number(value)
+        if minutes is None or not 1 / 60 <= minutes <= MAX_TIMEOUT_MIN:
             raise ValueError(f"must be a number of minutes from 1/60 (one second) to {MAX_TIMEOUT_MIN:,} "
                              f"(a year), got {shown(value)}")
-        return float(value)
+        return minutes
 
 
 class Recipe(Section):
@@ -249,10 +328,9 @@ class Recipe(Section):
         if self.data.source == "synthetic" and self.data.synthetic_size < self.batch.global_size:
             raise ValueError(f"data.synthetic_size={self.data.synthetic_size} is smaller than one global batch "
                              f"(batch.global={self.batch.global_size}): not one step could run")
-        if self.model.float8 and not float8_supported(self.zero.stage):
-            raise ValueError(f"model.float8={self.model.float8} is not supported with zero.stage={self.zero.stage} "
-                             f"(float8 linear layers under ZeRO-3's parameter gathering are untested): "
-                             f"use zero.stage 0-2 or model.float8: false")
+        float8_refused = float8_stage_refusal(self.model.float8, self.zero.stage)
+        if float8_refused:
+            raise ValueError(float8_refused)
         if self.model.compile is True:
             if not compile_supported(self.zero.stage):
                 raise ValueError(f"model.compile=true is not supported with zero.stage={self.zero.stage} "
@@ -270,9 +348,11 @@ class Recipe(Section):
         return self.model.compile
 
 
-# DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override would
-# silently change the step (e.g. gradient_accumulation_steps > 1 steps the optimizer less
-# often, and the engine's gradient scaling assumes 1). The recipe key to use instead.
+# DeepSpeed keys the recipe sets itself (config/deepspeed_config.py): an override, or a key of
+# the user's own zero.base_config, would silently change the step (e.g. gradient_accumulation_steps
+# > 1 steps the optimizer less often, and the engine's gradient scaling assumes 1) or be silently
+# ignored (an optimizer or scheduler section: DeepSpeed takes the recipe's, handed to it by the
+# engine, and drops the config's). The recipe key to use instead.
 _OWNED_DEEPSPEED_KEYS = {
     "train_micro_batch_size_per_gpu": "batch.chunk", "gradient_accumulation_steps": "batch.global",
     "train_batch_size": "batch.global", "gradient_clipping": "optimizer.grad_clip",
@@ -284,11 +364,20 @@ _MAPPING_DEEPSPEED_KEYS = ("zero_optimization", "data_types", "bf16", "fp16", "a
                            "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor")
 
 
+def owned_key(config: Dict[str, Any]) -> Optional[str]:
+    """The first key of a DeepSpeed config (zero.overrides, a zero.base_config) that the recipe
+    sets itself, as the one line refusing it; None if there is none."""
+    for key, instead in _OWNED_DEEPSPEED_KEYS.items():
+        if key in config:
+            return f"{key} is set by the recipe; use {instead}"
+    return None
+
+
 def _check_overrides(recipe: Recipe) -> None:
     overrides = recipe.zero.overrides
-    for key, instead in _OWNED_DEEPSPEED_KEYS.items():
-        if key in overrides:
-            raise ValueError(f"zero.overrides.{key} is set by the recipe; use {instead}")
+    owned = owned_key(overrides)
+    if owned:
+        raise ValueError(f"zero.overrides.{owned}")
     for key in _MAPPING_DEEPSPEED_KEYS:
         if key in overrides and not isinstance(overrides[key], dict):
             raise ValueError(f"zero.overrides.{key} must be a mapping, got {shown(overrides[key])}")
@@ -312,10 +401,11 @@ _KINDS = {"int_type": "must be an integer", "int_parsing": "must be an integer",
           "model_attributes_type": "must be a mapping", "list_type": "must be a list"}
 
 
-def _dotted(loc) -> str:
-    """The recipe key of a pydantic error location: field names (YAML spelling) down the
-    sections, then list indices; a union's member tags ('str', 'list[str]') dropped."""
-    parts, model = [], Recipe
+def _field(loc) -> Tuple[str, Any]:
+    """The recipe key of a pydantic error location (field names in YAML spelling down the
+    sections, then list indices), and the field's annotation where the location goes on into the
+    members of a union of choices (their tags, 'literal['auto']', 'bool', are not keys), else None."""
+    parts, model, annotation, union = [], Recipe, None, None
     for item in loc:
         if model is not None and isinstance(item, str):
             fields = {(f.alias or name): f for name, f in model.model_fields.items()}
@@ -327,7 +417,57 @@ def _dotted(loc) -> str:
             model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
         elif isinstance(item, int):
             parts[-1] += f"[{item}]"
-    return ".".join(parts)
+        elif _members(annotation):
+            union = annotation
+            break
+    return ".".join(parts), union
+
+
+def _members(annotation) -> List[Any]:
+    """The choices of a union field (None left out: a key left out is its default), or []."""
+    if get_origin(annotation) is not Union:
+        return []
+    members = [member for member in get_args(annotation) if member is not type(None)]
+    return members if len(members) > 1 else []
+
+
+def _limit(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+def _bounds(metadata) -> str:
+    """'from 0 to 1', '> 0', ... of a field's constraints (Field(ge=...) and the like)."""
+    limits = {}
+    for item in metadata:
+        for constraint in (item.metadata if isinstance(item, FieldInfo) else [item]):
+            for name, kind in (("ge", annotated_types.Ge), ("gt", annotated_types.Gt), ("le", annotated_types.Le),
+                               ("lt", annotated_types.Lt)):
+                if isinstance(constraint, kind):
+                    limits[name] = getattr(constraint, name)
+    if "ge" in limits and "le" in limits:
+        return f"from {_limit(limits['ge'])} to {_limit(limits['le'])}"
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return " and ".join(f"{signs[name]} {_limit(value)}" for name, value in limits.items())
+
+
+def _choice_words(member) -> List[str]:
+    """How a message names one member of a union: its literal values, true and false, or a
+    kind with its bounds ('a number from 0 to 1')."""
+    base, *metadata = get_args(member) if get_origin(member) is Annotated else (member,)
+    if get_origin(base) is Literal:
+        return [str(value) for value in get_args(base)]
+    if base is bool:
+        return ["true", "false"]
+    if get_origin(base) is list:  # 'a list of strings'
+        return ["a list of " + " ".join(_choice_words(get_args(base)[0])).split(" ", 1)[1] + "s"]
+    noun = {int: "an integer", float: "a number", str: "a string"}.get(base, getattr(base, "__name__", str(base)))
+    return [f"{noun} {_bounds(metadata)}".strip()]
+
+
+def _choices(union) -> str:
+    """'auto, true or false': every valid choice of a union field."""
+    words = [word for member in _members(union) for word in _choice_words(member)]
+    return ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _unknown_key(dotted: str) -> RecipeError:
@@ -344,20 +484,23 @@ def _unknown_key(dotted: str) -> RecipeError:
 
 def _recipe_error(err: ValidationError) -> RecipeError:
     e = err.errors()[0]
-    key = _dotted(e["loc"])
+    key, union = _field(e["loc"])
     if e["type"] == "extra_forbidden":
         return _unknown_key(key)
     if e["type"] == "value_error":  # a check across keys: its message names them
         message = str(e["ctx"]["error"])
         return RecipeError(f"recipe: {message}" if not key or key.split(".")[0] in message else
                            f"recipe: {key} {message}")
+    if union is not None:
+        # pydantic reports each member's error; the first member's input is the value given.
+        return RecipeError(f"recipe: {key} must be {_choices(union)}, got {shown(e['input'])}")
     ctx = e.get("ctx", {})
     if e["type"] == "literal_error":
         kind = f"must be one of {ctx['expected']}"
     elif e["type"] in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        bound = {"greater_than_equal": ">= {ge}", "greater_than": "> {gt}", "less_than_equal": "<= {le}",
-                 "less_than": "< {lt}"}[e["type"]].format(**ctx)
-        kind = f"must be {bound}"
+        sign, name = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+                      "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}[e["type"]]
+        kind = f"must be {sign} {_limit(ctx[name])}"
     elif e["type"] in ("too_short", "too_long"):
         kind = (f"must have at least {ctx['min_length']} entries" if e["type"] == "too_short" else
                 f"must have at most {ctx['max_length']} entries")
@@ -443,7 +586,7 @@ def check_world(recipe: Recipe, world_size: int) -> None:
 
 def load_recipe(path: Optional[Union[str, Path]] = None, overrides: Optional[List[str]] = None) -> Recipe:
     """Read a YAML recipe (or start from the defaults), apply ``section.key=value`` overrides,
-    validate every key, the model name and the DeepSpeed base config; RecipeError otherwise."""
+    validate every key, the model name and the DeepSpeed settings; RecipeError otherwise."""
     tree: Dict[str, Any] = _read_tree(Path(path)) if path is not None else {}
     for assignment in overrides or []:
         _apply_override(tree, assignment)
@@ -452,8 +595,8 @@ def load_recipe(path: Optional[Union[str, Path]] = None, overrides: Optional[Lis
     except ValidationError as err:
         raise _recipe_error(err) from None
     _check_model_name(recipe.model.name)
-    from .deepspeed_config import base_config
-    base_config(recipe)
+    from .deepspeed_config import check_deepspeed_config
+    check_deepspeed_config(recipe)
     return recipe
 
 

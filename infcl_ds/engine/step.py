@@ -100,10 +100,11 @@ class ContrastiveEngine:
         stage = config.get("zero_optimization", {}).get("stage", 0)
         zero3 = stage == 3
         if float8:
-            from ..config.recipe import float8_supported
+            from ..config.recipe import float8_stage_refusal
             from .float8 import float8_linears
-            if not float8_supported(stage):
-                raise ValueError(f"model.float8 is not supported under ZeRO-{stage}: use zero.stage 0-2")
+            refusal = float8_stage_refusal(float8, stage)
+            if refusal:
+                raise ValueError(refusal)
             float8_linears(model, emulate=float8 == "emulate")
         if compile_backend is not None:
             from ..config.recipe import ZERO3_BREAKS_COMPILE, compile_supported

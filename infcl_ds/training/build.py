@@ -11,7 +11,7 @@ from ..config import Recipe, build_deepspeed_config
 from ..engine import ContrastiveEngine
 from ..engine.optim import clip_adamw
 from ..models import create_model
-from .resolve import resolve_auto_chunk
+from .resolve import check_float8, resolve_auto_chunk
 from .schedule import warmup_cosine
 
 
@@ -40,10 +40,7 @@ def build_engine(recipe: Recipe, world: int, device: torch.device, *, rank: int 
     passes a resharding resume's). `check_model(model)` runs before DeepSpeed is set up (the
     trainer's free-disk check: every rank raises alike, before any collective). `loss_fn`
     and `time_phases`: ContrastiveEngine's (the benchmarks' swapped-in losses and phase timings)."""
-    from ..engine.float8 import float8_unavailable
-    unavailable = float8_unavailable(recipe.model.float8, device)  # every rank, before any collective
-    if unavailable:
-        raise ValueError(unavailable)
+    check_float8(recipe, device)  # every rank, before any collective
     if recipe.batch.chunk == "auto":
         recipe = resolve_auto_chunk(recipe, world, device, rank)
     random.seed(recipe.model.seed)

@@ -1,4 +1,5 @@
-"""The recipe's `auto` values resolved for the device this rank runs on, by the planner."""
+"""The recipe's `auto` values resolved for the device this rank runs on, by the planner, and
+what the recipe asks of that device."""
 import sys
 
 import deepspeed.comm as dist
@@ -15,12 +16,22 @@ def _gpu_memory_and_count(device: torch.device):
     return torch.cuda.get_device_properties(device).total_memory, max(1, torch.cuda.device_count())
 
 
+def check_float8(recipe: Recipe, device: torch.device) -> None:
+    """model.float8 on this rank's device (engine/float8.py says why not): a RecipeError, the same
+    on every rank of a uniform job, so raised by all before any collective."""
+    from ..engine.float8 import float8_unavailable
+    unavailable = float8_unavailable(recipe.model.float8, device)
+    if unavailable:
+        raise RecipeError(f"recipe: {unavailable}")
+
+
 def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
     """The recipe with `batch.chunk: auto` replaced by the planner's choice for this GPU
     (plan.auto_chunk), the smallest over the ranks (GPUs of different sizes in one job); every
     rank plans the same recipe, so all raise alike before the collective. A collective: every
     rank calls it."""
     check_world(recipe, world)
+    check_float8(recipe, device)
     if device.type == "cuda":
         try:
             chunk = auto_chunk(recipe, world, *_gpu_memory_and_count(device))
