@@ -81,6 +81,29 @@ def as_scalar_tensor(name: str, value, device: torch.device) -> torch.Tensor:
 def check_logit_bias(logit_bias, device: torch.device, check_finite: bool = True) -> torch.Tensor:
     """Validate the sigmoid loss's bias like the scale; return it as a tensor on ``device``."""
     logit_bias = as_scalar_tensor("logit_bias", logit_bias, device)
+    _check_finite_bias(logit_bias, check_finite)
+    return logit_bias
+
+
+def check_unused_logit_bias(logit_bias, check_finite: bool = True) -> None:
+    """The CLIP loss's optional bias (OpenCLIP's ClipLoss takes one): a scalar adds the same
+    constant to every logit and cancels in each softmax, so it is never read, but a bad one is
+    still refused like any other input. None (no bias), or a real number or 1-element tensor
+    on any device, finite unless check_finite is False."""
+    if logit_bias is None:
+        return
+    if isinstance(logit_bias, torch.Tensor):
+        if logit_bias.numel() != 1:
+            raise ValueError(f"logit_bias must be a scalar (it cancels in the softmax), got shape "
+                             f"{tuple(logit_bias.shape)}")
+    elif not isinstance(logit_bias, numbers.Real) or isinstance(logit_bias, bool):
+        raise ValueError(f"logit_bias must be a scalar (it cancels in the softmax), got "
+                         f"{type(logit_bias).__name__} {logit_bias!r}")
+    else:
+        logit_bias = torch.tensor(float(logit_bias))
+    _check_finite_bias(logit_bias, check_finite)
+
+
+def _check_finite_bias(logit_bias: torch.Tensor, check_finite: bool) -> None:
     if check_finite and not bool(torch.isfinite(logit_bias.detach()).all()):
         raise ValueError("logit_bias contains NaN or Inf (pass check_finite=False to skip this check)")
-    return logit_bias

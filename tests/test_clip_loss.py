@@ -3,6 +3,7 @@ gloo ranks: same parameter gradients after DDP-style averaging, and a loss equal
 of open_clip's per-rank losses (relative 1e-5, fp32); inside an OpenCLIP-style torch.distributed
 program: quiet, fast and without DeepSpeed. The tests marked gpu also run on CUDA (NCCL ranks,
 tests/devices.py); the rest check flags and CPU programs, the same on any machine."""
+import math
 import os
 import subprocess
 import sys
@@ -89,6 +90,61 @@ def test_scalar_logit_bias_cancels_like_open_clips():
     for ours, theirs in zip(*results):  # fp32; the bias's gradient is 0 up to rounding in open_clip's
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours, theirs)
     assert ClipLoss()(*feats, torch.tensor(3.0, device=DEVICE), logit_bias=-10.0) == results[0][0]
+
+
+BAD_BIASES = [float("nan"), float("inf"), torch.tensor(float("nan")), torch.tensor([-float("inf")])]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", BAD_BIASES, ids=["nan", "inf", "nan-tensor", "inf-tensor"])
+@pytest.mark.parametrize("drop_in", ["ClipLoss", "SigLipLoss"])
+def test_a_nan_or_inf_logit_bias_is_refused_unless_check_finite_is_off(drop_in, bias):
+    """Though ClipLoss never reads its bias (it cancels), a NaN/Inf one is a bad input like any
+    other: a ValueError naming it; check_finite=False skips the check, as for the features."""
+    import infcl_ds
+    loss_cls = getattr(infcl_ds, drop_in)
+    g = torch.Generator().manual_seed(4)
+    image, text = (torch.randn(6, 5, generator=g).to(DEVICE) for _ in range(2))
+    scale = torch.tensor(3.0, device=DEVICE)
+    bias = bias.to(DEVICE) if isinstance(bias, torch.Tensor) else bias
+    with pytest.raises(ValueError, match="logit_bias contains NaN or Inf"):
+        loss_cls()(image, text, scale, bias)
+    unchecked = loss_cls(check_finite=False)(image, text, scale, bias)
+    if drop_in == "ClipLoss":  # the bias cancels: the loss without it
+        assert unchecked == loss_cls()(image, text, scale)
+
+
+def _bad_bias_on_one_rank(rank, world):
+    """What each drop-in raises when one rank's bias is bad (NaN, or not a scalar for ClipLoss),
+    and SigLipLoss's loss when check_finite=False and every rank's bias is NaN."""
+    from infcl_ds import ClipLoss, SigLipLoss
+    g = torch.Generator().manual_seed(5 + rank)
+    image, text = (torch.randn(6, 5, generator=g).to(DEVICE) for _ in range(2))
+    scale = torch.tensor(3.0, device=DEVICE)
+    out = {}
+    for name, loss_fn, bias in (
+            ("clip nan", ClipLoss(world_size=world), float("nan") if rank == 1 else -10.0),
+            ("clip shape", ClipLoss(world_size=world), torch.zeros(3, device=DEVICE) if rank == 0 else -10.0),
+            ("siglip nan", SigLipLoss(world_size=world),
+             torch.tensor(float("nan"), device=DEVICE) if rank == 1 else -10.0)):
+        try:
+            loss_fn(image, text, scale, bias)
+            out[name] = "no error"
+        except ValueError as err:
+            out[name] = str(err)
+    out["siglip unchecked"] = SigLipLoss(world_size=world, check_finite=False)(image, text, scale, float("nan")).item()
+    return out
+
+
+@pytest.mark.gpu
+def test_a_bad_logit_bias_on_one_rank_raises_on_every_rank():
+    results = run_ranks(_bad_bias_on_one_rank, 2)
+    for rank in range(2):
+        assert "rank 1: logit_bias contains NaN" in results[rank]["clip nan"], results[rank]
+        assert "rank 0: logit_bias must be a scalar" in results[rank]["clip shape"], results[rank]
+        assert "rank 1: logit_bias contains NaN" in results[rank]["siglip nan"], results[rank]
+        # The same NaN on every rank, unchecked: a NaN loss, not a disagreement between ranks.
+        assert math.isnan(results[rank]["siglip unchecked"]), results[rank]
 
 
 def test_keeps_open_clips_attributes_and_get_logits():

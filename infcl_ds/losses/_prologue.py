@@ -7,7 +7,7 @@ import torch
 
 from ..ops.options import KernelOptions, tf32_by_default
 from ..parallel import LocalRing, Ring, check_across_ranks, group_size
-from ..validation import check_features, check_logit_bias
+from ..validation import check_features, check_logit_bias, check_unused_logit_bias
 
 
 def kernel_options(backend: str, allow_tf32: Optional[bool], g_tile: Optional[Tuple[int, int]]) -> KernelOptions:
@@ -22,12 +22,15 @@ def apply_loss(function, name: str, image, text, logit_scale, logit_bias, group,
                check_finite: bool) -> torch.Tensor:
     """``function`` (ClipLossFunction, SigLipLossFunction) of the batch spread over ``group``.
 
-    logit_bias is read only by a Function that ``takes_bias``. Over several ranks, local
-    problems are shared before any rank raises, so that no peer is left waiting in the ring;
-    every rank then raises the same ValueError, prefixed with ``name``."""
+    logit_bias is read only by a Function that ``takes_bias``; given to one that does not
+    (OpenCLIP's ClipLoss passes its bias to the CLIP loss, where it cancels), it is checked
+    all the same (check_unused_logit_bias). Over several ranks, local problems are shared
+    before any rank raises, so that no peer is left waiting in the ring; every rank then
+    raises the same ValueError, prefixed with ``name``."""
     def validated():
         scale = check_features(image, text, logit_scale, check_finite)
         if not function.takes_bias:
+            check_unused_logit_bias(logit_bias, check_finite)
             return (scale,)
         return scale, check_logit_bias(logit_bias, image.device, check_finite)
 

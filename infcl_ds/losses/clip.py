@@ -39,7 +39,21 @@ def contrastive_loss(image_features: torch.Tensor, text_features: torch.Tensor, 
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, chunked PyTorch on
             CPU), "triton" or "torch".
     """
-    return apply_loss(ClipLossFunction, "contrastive_loss", image_features, text_features, logit_scale, None,
+    return contrastive_loss_with_unused_bias(image_features, text_features, logit_scale, None, group,
+                                             check_finite=check_finite, allow_tf32=allow_tf32, backend=backend,
+                                             _g_tile=_g_tile)
+
+
+def contrastive_loss_with_unused_bias(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
+                                      logit_bias, group=None, *, check_finite: bool = True,
+                                      allow_tf32: Optional[bool] = None, backend: str = "auto",
+                                      _g_tile: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    """contrastive_loss of inputs that include a logit bias (OpenCLIP's ClipLoss takes one).
+
+    A scalar bias adds one constant to every logit and cancels in each softmax, so it is not
+    read; it is checked with the other inputs, before any transfer: not a scalar, or NaN/Inf
+    with check_finite, is a ValueError naming logit_bias (on every rank). None: no bias."""
+    return apply_loss(ClipLossFunction, "contrastive_loss", image_features, text_features, logit_scale, logit_bias,
                       group, kernel_options(backend, allow_tf32, _g_tile), check_finite)
 
 

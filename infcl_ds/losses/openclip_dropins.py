@@ -24,7 +24,7 @@ from torch import nn
 
 from ..parallel import group_size
 from ._prologue import check_loss_options
-from .clip import contrastive_loss
+from .clip import contrastive_loss, contrastive_loss_with_unused_bias
 from .siglip import sigmoid_loss
 
 # OpenCLIP's ClipLoss flags whose gradients this loss reproduces (with any others it warns once).
@@ -59,16 +59,6 @@ def _features_for_ddp(owner: str, world_size: int, group, image_features, text_f
     return scale_grad(image_features, size), scale_grad(text_features, size)
 
 
-def _check_scalar_bias(logit_bias) -> None:
-    """A scalar bias adds the same constant to every logit: it cancels in the softmax."""
-    if logit_bias is None:
-        return
-    numel = logit_bias.numel() if isinstance(logit_bias, torch.Tensor) else 1
-    if numel != 1 or not isinstance(logit_bias, (torch.Tensor, int, float)):
-        shape = tuple(logit_bias.shape) if isinstance(logit_bias, torch.Tensor) else type(logit_bias).__name__
-        raise ValueError(f"infcl_ds.ClipLoss: logit_bias must be a scalar (it cancels in the softmax), got {shape}")
-
-
 class ClipLoss(nn.Module):
     """OpenCLIP's ClipLoss interface over infcl_ds's exact tiled loss.
 
@@ -88,7 +78,9 @@ class ClipLoss(nn.Module):
     ``init_logit_bias``): a scalar bias is accepted and has no effect, since adding one
     constant to every logit leaves each softmax, hence the loss and every gradient,
     unchanged (the bias itself gets a zero gradient, as in open_clip's ClipLoss). Only
-    SigLIP's loss, not this one, uses it.
+    SigLIP's loss, not this one, uses it; it is still checked like every other input: a
+    non-scalar bias, or a NaN/Inf one (unless the option check_finite=False), is a
+    ValueError naming logit_bias, raised on every rank before any transfer.
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
@@ -118,10 +110,11 @@ class ClipLoss(nn.Module):
                           "(see docs/semantics.md)", stacklevel=3)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
-        _check_scalar_bias(logit_bias)
         image_features, text_features = _features_for_ddp("infcl_ds.ClipLoss", self.world_size, self.group,
                                                            image_features, text_features)
-        loss = contrastive_loss(image_features, text_features, logit_scale, self.group, **self.options)
+        # The bias is checked with the other inputs (a scalar; NaN/Inf a ValueError on every rank).
+        loss = contrastive_loss_with_unused_bias(image_features, text_features, logit_scale, logit_bias, self.group,
+                                                 **self.options)
         if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
             loss = loss + 0 * logit_bias.sum()  # its (zero) gradient, as open_clip gives it one
         return {"contrastive_loss": loss} if output_dict else loss

@@ -11,11 +11,15 @@ from . import grad_panel as triton_grad
 from . import lse as triton_lse
 from . import torch_panels
 from .g_tiles import panel_width, walk_g_tiles
+from .layout import as_row_major
 from .options import resolve_backend
 
 
 def block_lse(a, b, scale, *, backend="auto", allow_tf32=True, panel=None):
-    """(row_lse [n_a], col_lse [n_b]) of ``scale * a @ b.T``, natural log, fp32."""
+    """(row_lse [n_a], col_lse [n_b]) of ``scale * a @ b.T``, natural log, fp32.
+
+    a, b: any strides; one that is not row-major is copied once (ops/layout.py)."""
+    a, b = as_row_major(a), as_row_major(b)
     backend = resolve_backend(backend, a.device)
     if backend == "triton":
         return triton_lse.similarity_lse(a, b, scale, "tf32" if allow_tf32 else "ieee")
@@ -35,7 +39,10 @@ def block_backward(a, b, scale, row_lse, col_lse, coef: float, *, diag: bool,
     walked in several row slices, their products for a bf16/fp16 grad_b add up in an fp32
     [panel, D] buffer first (rounded once).
     panel / rows: columns / rows per G tile (tests; default: panel_width and panel_rows).
+    a, b: any strides; one that is not row-major is copied here, once per block, rather
+    than by each G tile's kernel or GEMM (ops/layout.py).
     """
+    a, b = as_row_major(a), as_row_major(b)
     backend = resolve_backend(backend, a.device)
     precision = "tf32" if allow_tf32 else "ieee"
 

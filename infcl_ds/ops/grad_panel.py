@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .layout import as_row_major, check_row_major
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
 
@@ -37,9 +38,9 @@ def _grad_panel_kernel(
 ):
     """G[i, j] = 2^(z_ij - r_i) + 2^(z_ij - c_j) - 2*[i == j + diag_offset], z = s*log2(e)*A_i.B_j.
 
-    A [n_a, D], B [n_b, D] (the panel), SCALE: pointer to fp32 s.
+    A [n_a, D], B [n_b, D] (the panel): any row strides, last stride 1. SCALE: pointer to fp32 s.
     ROW_LSE2 [n_a], COL_LSE2 [n_b]: the complete statistics in log2 units.
-    G [n_a, n_b] (row stride stride_g), written in G's dtype.
+    G [n_a, n_b] (row stride stride_g, last stride 1), written in G's dtype.
     DS_PART [grid_m * grid_n]: per-program sum of G * (A_i . B_j) in fp32.
     HAS_DIAG: this panel holds positive pairs (row i pairs with column i - diag_offset).
     """
@@ -101,10 +102,15 @@ def _launch(a, b, scale, row_lse2, col_lse2, out, diag_offset, cfg: TileConfig, 
 def grad_panel(a, b, scale, row_lse, col_lse, out, diag_offset=None, input_precision="tf32"):
     """Write G = P + Q - 2*delta for ``a`` against the panel ``b`` into ``out`` [n_a, n_b].
 
-    row_lse [n_a], col_lse [n_b]: complete natural-log statistics (fp32).
-    diag_offset: None if the panel holds no positive pair, else row i pairs with panel
-    column i - diag_offset. Returns the fp32 0-dim sum of G * (a @ b.T).
+    a, b: any strides (one that is not row-major is copied: ops/layout.py; ops/block.py
+    copies a block once, before slicing it into panels). out: written in place, so it must
+    be row-major (ValueError otherwise). row_lse [n_a], col_lse [n_b]: complete
+    natural-log statistics (fp32). diag_offset: None if the panel holds no positive pair,
+    else row i pairs with panel column i - diag_offset. Returns the fp32 0-dim sum of
+    G * (a @ b.T).
     """
+    a, b = as_row_major(a), as_row_major(b)
+    check_row_major(out, "grad_panel's out")
     row_lse2, col_lse2 = row_lse * LOG2E, col_lse * LOG2E
     D = a.shape[1]
 

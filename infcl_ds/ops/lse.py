@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .layout import as_row_major
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
 
@@ -73,7 +74,7 @@ def _similarity_lse_kernel(
 ):
     """Partial log2-sum-exp2 of the rows and columns of one super-block of s*A@B^T.
 
-    A [n_a, D], B [n_b, D]: features, row stride stride_a/stride_b, last stride 1.
+    A [n_a, D], B [n_b, D]: features, row stride stride_a/stride_b (any), last stride 1.
     SCALE: pointer to the fp32 logit multiplier s (read on device: no host sync).
     ROW_PART [col_splits, n_a], COL_PART [row_splits, n_b]: fp32, pre-filled with -inf;
       program (r, c) writes ROW_PART[c, its rows] and merges into COL_PART[r, its cols].
@@ -141,10 +142,11 @@ def _launch(a, b, scale, cfg: TileConfig, input_precision: str):
 def similarity_lse(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, input_precision: str = "tf32"):
     """Row and column log-sum-exp (natural log, fp32) of ``scale * a @ b.T``.
 
-    a [n_a, D], b [n_b, D] with the same dtype and device, last dimension contiguous;
-    scale: 1-element fp32 tensor on the same device. Returns (row_lse [n_a], col_lse [n_b]).
+    a [n_a, D], b [n_b, D] with the same dtype and device, any strides (one that is not
+    row-major is copied once: ops/layout.py); scale: 1-element fp32 tensor on the same device.
+    Returns (row_lse [n_a], col_lse [n_b]).
     """
-    a, b = a.contiguous(), b.contiguous()
+    a, b = as_row_major(a), as_row_major(b)
     D = a.shape[1]
 
     def time_config(cfg):

@@ -131,7 +131,12 @@ def _resized_crop_kernel(src, meta, out, SIZE: tl.constexpr, COLUMNS: tl.constex
 
 def crop_meta(images: Sequence[torch.Tensor], boxes: Sequence, device) -> tuple:
     """(flat uint8 pixels of all images, int64 [n, len(META_COLUMNS)] rows) on `device`, for
-    `resized_crops_kernel`. `boxes` have the fields of data/device_decode.Box."""
+    `resized_crops_kernel`. `boxes` have the fields of data/device_decode.Box.
+
+    The kernel indexes each image as a C-order [3, h, w] block of the flat buffer, and the
+    buffer is always that whatever the images' strides (channels-last, sliced, offset):
+    reshape(-1) flattens an image in C order (copying it only when it is not contiguous) and
+    torch.cat writes the images one after another, so the kernel assumes no layout."""
     rows, at = [], 0
     for im, b in zip(images, boxes):
         if im.dim() != 3 or im.shape[0] != 3 or im.dtype != torch.uint8:
@@ -148,8 +153,9 @@ def crop_meta(images: Sequence[torch.Tensor], boxes: Sequence, device) -> tuple:
 
 
 def resized_crops_kernel(images: Sequence[torch.Tensor], boxes: Sequence, size: int) -> torch.Tensor:
-    """uint8 [n, 3, size, size]: each uint8 [3, h, w] image (all on one device) cropped to its
-    box and resized, in one launch. None at all: an empty tensor on the CPU."""
+    """uint8 [n, 3, size, size]: each uint8 [3, h, w] image (all on one device, any strides:
+    crop_meta) cropped to its box and resized, in one launch. None at all: an empty tensor on
+    the CPU."""
     if not images:
         return torch.empty((0, 3, size, size), dtype=torch.uint8)
     device = images[0].device

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from .g_tiles import walk_g_tiles
+from .layout import as_row_major, check_row_major
 from .options import KernelOptions, resolve_backend
 from .tiles import similarity_tile
 from .tuning import TUNE_ROWS, TileConfig, interpreting, pick_config
@@ -54,9 +55,10 @@ def _siglip_tile_kernel(
 ):
     """One tile of S = s * A @ B^T + b: its loss, G = -z * sigmoid(-z * S), and partial sums.
 
-    A [n_a, D], B [n_b, D]; SCALE, BIAS: pointers to fp32 s and b (read on device).
+    A [n_a, D], B [n_b, D]: any row strides, last stride 1. SCALE, BIAS: pointers to fp32 s
+      and b (read on device).
     HAS_DIAG: row i pairs with column i - diag_offset (z = +1 there), else every z = -1.
-    WRITE_G: store G into G [n_a, n_b] (row stride stride_g) in G's dtype.
+    WRITE_G: store G into G [n_a, n_b] (row stride stride_g, last stride 1) in G's dtype.
     PART [programs, 3]: this program's fp32 sums of the loss terms, G * (A_i . B_j) and G.
     """
     pid_m = tl.program_id(0)
@@ -111,7 +113,15 @@ def _launch(a, b, scale, bias, out, diag_offset, cfg: TileConfig, input_precisio
 
 def triton_tile(a, b, scale, bias, out, diag_offset, input_precision="tf32", write_g=True):
     """G of ``a`` against the panel ``b`` into ``out`` (if write_g); returns the fp64 [3]
-    sums (loss terms, G * a@b.T, G). scale, bias: 1-element fp32 tensors on a's device."""
+    sums (loss terms, G * a@b.T, G). scale, bias: 1-element fp32 tensors on a's device.
+
+    a, b: any strides (one that is not row-major is copied: ops/layout.py; siglip_block
+    copies a block once, before slicing it into panels). out: written in place, so it must
+    be row-major (ValueError otherwise)."""
+    a, b = as_row_major(a), as_row_major(b)
+    if write_g:
+        check_row_major(out, "triton_tile's out")
+
     def time_config(cfg):
         n = min(TUNE_ROWS, a.shape[0])
         return triton.testing.do_bench(
@@ -154,7 +164,10 @@ def siglip_block(a, b, scale, bias, coef: float, *, diag: bool, grad_a: Optional
     (fp32 [n_a, D], accumulated) and grad_b ([n_b, D]; written, or added if accumulate_b)
     also adds coef * G @ b and coef * G^T @ a to them; both None computes the sums only.
     diag: a and b come from the same rank (positives on the block's diagonal).
+    a, b: any strides; one that is not row-major is copied here, once per block, rather
+    than by each G tile's kernel or GEMM (ops/layout.py).
     """
+    a, b = as_row_major(a), as_row_major(b)
     backend = resolve_backend(options.backend, a.device)
     precision = "tf32" if options.allow_tf32 else "ieee"
     write_g = grad_a is not None

@@ -18,7 +18,8 @@ def similarity_tile(
 ):
     """Return the fp32 tile ``A[offs_m] @ B[offs_n]^T`` (rows/cols outside the masks are 0).
 
-    A, B: row-major [n, D] pointers (last stride 1); stride_a/stride_b: their row strides.
+    A, B: [n, D] pointers with unit-stride rows (last stride 1: the launchers see to it,
+      ops/layout.py); stride_a/stride_b: their row strides.
     EVEN_K: D % BLOCK_K == 0, so the K loop needs no column mask.
     UPCAST: load-then-upcast to fp32 (TRITON_INTERPRET: its bf16 dot is wrong).
     INPUT_PRECISION: "tf32" or "ieee" for fp32 operands; ignored for bf16/fp16.

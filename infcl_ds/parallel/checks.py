@@ -6,6 +6,7 @@ rank raises the same ValueError naming the rank(s) and the problem. The table is
 from zero-padded rows with the ring's all-reduce rather than all-gathered: all_gather_into_tensor
 is deprecated in recent torch (a warning on every call) and absent from older ones.
 """
+import math
 from typing import List, Optional
 
 import torch
@@ -43,10 +44,16 @@ def check_across_ranks(ring: Ring, image: torch.Tensor, text: torch.Tensor, scal
     names = {"width D": 2, "dtype": 3, "device type": 4, "logit_scale": 5, "logit_bias": 6}
     for what, col in names.items():
         values = [r[col] for r in rows]
-        if len(set(values)) > 1:
+        if _differ(values):
             per_rank = ", ".join(f"rank {ring.ranks[i]}: {_describe(col, v)}" for i, v in enumerate(values))
             raise ValueError(f"{loss_name}: {what} differs across ranks ({per_rank})")
     return [int(r[1]) for r in rows]
+
+
+def _differ(values: List[float]) -> bool:
+    """Whether the ranks' values differ. NaN equals NaN here: with check_finite=False the same
+    NaN scale or bias on every rank is that caller's choice, not a disagreement."""
+    return len({"nan" if math.isnan(v) else v for v in values}) > 1
 
 
 def _describe(col: int, value: float) -> str:

@@ -28,6 +28,7 @@ from ..ops.block import block_backward, block_lse
 from ..ops.clip import positive_logits_sum
 from ..ops.options import KernelOptions
 from .guards import refuse_double_backward
+from .ring import ring_blocks
 
 TAG_TEXT, TAG_COL_STATS, TAG_GRAD = 0, 2, 3
 
@@ -49,6 +50,9 @@ class ClipLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, image, text, scale, options: KernelOptions, ring, sizes: List[int]):
+        # Any layout in; the layout the kernels and the ring need, copied (if at all) once
+        # here and saved for the backward.
+        image, text = ring_blocks(image, text, ring)
         total = sum(sizes)
         s = scale.detach().reshape(1).float()
         kw = dict(backend=options.backend, allow_tf32=options.allow_tf32)

@@ -5,11 +5,12 @@ The ring follows the group's rank order. With the launcher's node-major numberin
 hops but one per node stay inside a node (NVLink), so the inter-node links carry one block
 per node per step. `P2POp` peers are *global* ranks: the group's order is mapped here once.
 """
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import torch
 import torch.distributed as torch_dist
 
+from ..ops.layout import as_row_major
 from .comm import comm_library
 
 TIMEOUT_HINT = ("A peer process died or raised; see its log. Waits are bounded by the process group's "
@@ -101,3 +102,13 @@ class Ring:
         except Exception as err:
             raise RingError(f"infcl_ds ring: rank {self.rank} failed in the all-reduce: {err}. {TIMEOUT_HINT}") from err
         return tensor
+
+
+def ring_blocks(image: torch.Tensor, text: torch.Tensor, ring) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's features as a loss Function keeps them from its forward to its backward:
+    row-major for the kernels and GEMMs (ops/layout.py), and the texts contiguous when they
+    travel (W > 1: NCCL and gloo send only contiguous tensors; a row slice x[::2] is row-major
+    but not contiguous). Each is a copy only when needed: contiguous features, the usual
+    case, are returned as they are."""
+    text = text.contiguous() if ring.size > 1 else as_row_major(text)
+    return as_row_major(image), text

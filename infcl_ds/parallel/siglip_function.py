@@ -26,6 +26,7 @@ import torch
 from ..ops.options import KernelOptions
 from ..ops.siglip import siglip_block
 from .guards import refuse_double_backward
+from .ring import ring_blocks
 
 TAG_TEXT, TAG_GRAD = 0, 3
 
@@ -38,6 +39,7 @@ class SigLipLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, image, text, scale, bias, options: KernelOptions, ring, sizes: List[int]):
+        image, text = ring_blocks(image, text, ring)  # any layout in; a copy only where needed
         total = sum(sizes)
         s = scale.detach().reshape(1).float()
         b = bias.detach().reshape(1).float()
