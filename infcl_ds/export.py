@@ -8,10 +8,11 @@ open_clip's shapes, so ``open_clip.create_model(name).load_state_dict(sd, strict
 
 The tag's manifest is verified and every file is read with ``weights_only=True``
 (``training/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
-origin you trust. Problems are one line on stderr, exit status 2.
+origin you trust. ``--out`` is checked first (``outputs.py``): outside the checkpoints read,
+and an existing file only if it is an earlier export (``is_export_output``). Problems are one
+line on stderr, exit status 2.
 """
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Dict, Optional
@@ -20,6 +21,7 @@ import torch
 
 from .cli_args import ArgumentParser
 from .models import CONFIG_DIR, create_model, loss_of_state_dict, state_dict_shapes
+from .outputs import check_out_file, replace_file
 from .training.atomic import atomic_write_bytes
 from .training.checkpoint import LATEST, resolve_tag
 from .training.manifest import MANIFEST, verify
@@ -28,6 +30,22 @@ from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepsp
 
 CHECKPOINTS = "checkpoints"
 RECIPE = "recipe.yaml"
+
+
+def _is_tag_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file() or any(path.glob("*model_states.pt"))
+
+
+def checkpoints_of(checkpoint_dir) -> Path:
+    """The checkpoints that ``--checkpoint`` (as ``resolve_tag_dir`` takes it) reads, which no
+    output may go into: RUN/checkpoints for a run; for a tag, the run's ``checkpoints`` it lies
+    in, or the tag alone when it was copied elsewhere; the path itself otherwise."""
+    path = Path(checkpoint_dir)
+    if (path / CHECKPOINTS).is_dir():
+        return path / CHECKPOINTS
+    if path.is_dir() and _is_tag_dir(path) and path.resolve().parent.name == CHECKPOINTS:
+        return path.parent
+    return path
 
 
 def resolve_tag_dir(checkpoint_dir, tag: Optional[str] = None) -> Path:
@@ -39,7 +57,7 @@ def resolve_tag_dir(checkpoint_dir, tag: Optional[str] = None) -> Path:
         raise CheckpointError(f"no checkpoint directory {path}")
     if (path / CHECKPOINTS).is_dir():
         path = path / CHECKPOINTS
-    if (path / MANIFEST).is_file() or any(path.glob("*model_states.pt")):  # already a tag directory
+    if _is_tag_dir(path):  # already a tag directory
         if tag is not None and tag != path.name:
             raise ValueError(f"{path} is the checkpoint of tag {path.name!r}, not {tag!r}")
         verify(path)
@@ -98,30 +116,30 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None,
     return state_dict
 
 
-def check_out_path(out_path) -> Path:
-    """``--out`` names a file to create or replace: not a directory, a device or a FIFO (whose
-    writes could fail half-way or block). Checked before the checkpoint is read."""
-    out_path = Path(out_path)
-    if out_path.exists() and not out_path.is_file():
-        kind = "a directory" if out_path.is_dir() else "not a regular file"
-        raise ValueError(f"--out {out_path} is {kind}: name the file to write, e.g. {out_path / 'model.pt'}"
-                         if out_path.is_dir() else f"--out {out_path} is {kind}: name a file to write")
-    return out_path
+def is_export_output(path) -> bool:
+    """A file ``export`` wrote: torch's weights-only reader finds a flat dict of names to
+    tensors in it (mapped, not read: only the pickle's few kilobytes are). A DeepSpeed or
+    client state is nested; anything else does not load."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - whatever a file makes the reader raise: not ours
+        return False
+    return isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                           for k, v in state.items())
+
+
+def check_out(out_path, checkpoint_dir) -> Path:
+    """``--out`` of an export of ``checkpoint_dir`` (outputs.py's rules), before it is read."""
+    return check_out_file(out_path, checkpoints_of(checkpoint_dir), "infcl-ds export", is_export_output,
+                          example="model.pt")
 
 
 def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False) -> Dict[str, torch.Tensor]:
     """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it. Written
     to a temporary file beside it, then renamed: a failed write leaves no partial file."""
-    out_path = check_out_path(out_path)
+    out_path = check_out(out_path, checkpoint_dir)
     state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag, trust)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_path.with_name(f".{out_path.name}.partial-{os.getpid()}")
-    try:
-        torch.save(state_dict, partial)
-        os.replace(partial, out_path)
-    except (OSError, RuntimeError) as err:  # torch's writer reports a short write as a RuntimeError
-        partial.unlink(missing_ok=True)
-        raise OSError(f"--out {out_path}: writing failed ({str(err).splitlines()[0][:160]})") from None
+    replace_file(out_path, lambda partial: torch.save(state_dict, partial))
     return state_dict
 
 
@@ -143,7 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     try:
-        check_out_path(args.out)  # before the checkpoint is read: a bad --out costs no time
+        check_out(args.out, args.checkpoint)  # before the checkpoint is read: a bad --out costs no time
         tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
         state_dict = export(tag_dir, args.out, trust=args.trust_checkpoint)
     except (CheckpointError, FileNotFoundError, ValueError, OSError) as err:

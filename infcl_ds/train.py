@@ -6,8 +6,9 @@ the local batch in chunks, computes the exact loss over all ranks with the ring,
 and steps (infcl_ds/engine/step.py). The run directory (recipe key ``output_dir``) holds the
 resolved recipe, checkpoints, metrics.csv / eval.csv / TensorBoard and metrics.png, of one run:
 a start without --resume into a directory that holds a run is refused, and --restart moves
-that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py). The exit statuses:
-training/exits.py.
+that run to OUTPUT_DIR.old-<UTC time> first (training/preflight.py); a start into a directory
+whose run is still going is refused, with --resume too (training/run_lock.py). The exit
+statuses: training/exits.py.
 """
 import argparse
 import os
@@ -20,6 +21,7 @@ from .training.distributed import collective_timeout_s, make_timeout_env_importa
 from .training.exits import DONE_EXIT, EXIT_STATUSES, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, \
     exit_now, is_collective_failure, one_line
 from .training.launcher_watch import watch_launcher
+from .training.run_lock import RunDirBusy, take_if_owner
 from .training.safe_load import TRUST_FLAG, TRUST_HELP
 
 
@@ -63,13 +65,19 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{'--resume' if args.resume else 'checkpoint.resume'} continues a run: give one of them",
               file=sys.stderr)
         return USER_ERROR_EXIT
+    try:
+        run_lock = take_if_owner(recipe.output_dir)  # before DeepSpeed's import: a busy directory costs seconds
+    except RunDirBusy as err:
+        print(f"infcl-ds train: {one_line(err)}", file=sys.stderr)
+        return USER_ERROR_EXIT
     from .training.trainer import Trainer  # imports deepspeed: only after make_timeout_env_importable
     start = time.perf_counter()
     timeout_s = collective_timeout_s(recipe.distributed.timeout)
     watch = watch_launcher()  # from here on, a rank whose deepspeed launcher is killed stops
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
-                          allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch)
+                          allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch,
+                          run_lock=run_lock)
     except USER_ERRORS as err:  # found by every rank alike, before any work: a plain return
         print(f"infcl-ds train: {one_line(err)}", file=sys.stderr)
         return USER_ERROR_EXIT

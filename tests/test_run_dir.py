@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_utils import run_ranks
+from infcl_ds.training.run_lock import LOCK_FILE
 from launch_utils import ROOT, SYNTHETIC, TINY, start_ranks, wait_all
 
 FIRST = ["schedule.steps=3", "checkpoint.every=1", "checkpoint.keep=2", "logging.tensorboard=true"]
@@ -19,8 +20,10 @@ REFUSED = "already holds a run"
 
 
 def _files(run_dir: Path) -> dict:
-    """Every file under run_dir with its bytes: what must stay byte-identical."""
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    """Every file of the run under run_dir with its bytes: what must stay byte-identical. Not
+    the directory's lock file: each start notes itself there (training/run_lock.py)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != LOCK_FILE}
 
 
 @pytest.fixture(scope="module")

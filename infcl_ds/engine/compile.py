@@ -12,6 +12,9 @@ The towers compiled are those of engine/towers.py (packed attention, the patch e
 GEMM), which ContrastiveEngine.create swaps in first: compilation fuses around them.
 
 Not under ZeRO-3 (config/recipe.py's compile_supported, which the recipe, the engine and the planner ask).
+A tower must be a module of the model's own class (open_clip's are): torch 2.11 compiles nothing
+of a bare torch.nn module (a plain nn.Sequential), whose forward lives in torch itself, and
+`graphs_compiled()` then stays 0.
 Dropout in a compiled tower draws from the same generator state in both passes, but through
 the compiled graph's own random kernels: check such a model with `verify_replay` first.
 """

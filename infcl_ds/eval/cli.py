@@ -1,16 +1,42 @@
 """``infcl-ds eval --checkpoint DIR --data SPLIT_DIR [--tag TAG] [--batch-size N] [--out FILE]``:
-zero-shot and retrieval metrics of a training checkpoint on an eval split."""
+zero-shot and retrieval metrics of a training checkpoint on an eval split.
+
+``--out`` is checked before any work (``outputs.py``: outside the checkpoints read, writable,
+and an existing file only if an earlier ``eval`` wrote it: a JSON object whose ``written_by``
+is ``WRITTEN_BY``)."""
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from ..cli_args import ArgumentParser, positive_int
-from ..export import load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
+from ..export import checkpoints_of, load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
 from ..models import create_model, get_tokenizer, loss_of_state_dict, model_info
+from ..outputs import check_out_file, replace_file
 from ..training.safe_load import TRUST_FLAG, TRUST_HELP, CheckpointError
 from . import evaluate, metric_label
+
+WRITTEN_BY = "infcl-ds eval"
+_MAX_OUT_BYTES = 1 << 20  # an eval's JSON is a few hundred bytes: a larger file is someone else's
+
+
+def is_eval_output(path) -> bool:
+    """A file an earlier ``eval --out`` wrote: a JSON object with ``"written_by": WRITTEN_BY``."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(_MAX_OUT_BYTES + 1)
+        data = json.loads(text) if len(text) <= _MAX_OUT_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("written_by") == WRITTEN_BY
+
+
+def _check_out(out, checkpoint) -> Optional[Path]:
+    if out is None:
+        return None
+    return check_out_file(out, checkpoints_of(checkpoint), WRITTEN_BY, is_eval_output, example="metrics.json")
 
 
 def main(argv=None) -> int:
@@ -26,6 +52,7 @@ def main(argv=None) -> int:
     from ..data import build_eval_data  # the data pipeline's heavier imports only for this command
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        out = _check_out(args.out, args.checkpoint)  # before any work: a bad --out costs no evaluation
         tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
         name = run_model_name(tag_dir)
         state_dict = load_state_dict_from_checkpoint(tag_dir, trust=args.trust_checkpoint)
@@ -44,8 +71,12 @@ def main(argv=None) -> int:
     print(f"{name} at {tag_dir} on {args.data}")
     for metric, value in metrics.items():
         print(f"{metric_label(metric)}: {value:.4f}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"model": name, "checkpoint": str(tag_dir), "data": str(args.data),
-                                              "metrics": metrics}, indent=2) + "\n")
+    if out is not None:
+        text = json.dumps({"written_by": WRITTEN_BY, "model": name, "checkpoint": str(tag_dir), "data": str(args.data),
+                           "metrics": metrics}, indent=2) + "\n"
+        try:
+            replace_file(out, lambda partial: partial.write_text(text))
+        except OSError as err:  # checked writable before, so a disk that filled or a path changed since
+            print(f"infcl-ds eval: {err}", file=sys.stderr)
+            return 2
     return 0

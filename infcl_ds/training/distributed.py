@@ -50,6 +50,9 @@ def fill_env_from_launcher() -> None:
 
 
 DEFAULT_TIMEOUT_MIN = 30.0
+# How long NCCL's watchdog may spend on its debug dump after a collective timed out, before it
+# takes the process down: a stopped peer ends the job within its timeout plus this.
+NCCL_DUMP_WAIT_MS = 10_000
 JOIN_TIMEOUT_MIN = 10.0
 _env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
 
@@ -112,6 +115,9 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     (``collective_timeout_s()`` unless given); returns this rank's device."""
     make_timeout_env_importable()
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # a timed-out NCCL rank exits
+    # ...at once: after a timeout torch's watchdog waits this long for its debug dump before
+    # taking the process down (60 s by default, which doubled a one-minute timeout).
+    os.environ.setdefault("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", str(NCCL_DUMP_WAIT_MS))
     import deepspeed
     fill_env_from_launcher()
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if k not in os.environ]

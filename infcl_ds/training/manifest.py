@@ -4,10 +4,13 @@
 recipe) with its size and SHA-256, and the SHA-256 of the recipe the run had. It is written
 by rank 0 once every rank has finished writing, before ``latest`` moves to the tag, so a tag
 with a manifest that verifies is one that was complete; a truncated, garbled, missing or
-added-after file is named before anything is unpickled.
+added-after file is named before anything is unpickled. A manifest is read as untrusted
+input: at most ``MAX_MANIFEST_BYTES``, and anything but the shape ``write_manifest`` writes
+(too deep, wrong types, a name holding a NUL) is a damaged manifest, one CheckpointError.
 """
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Dict, List
 
@@ -16,6 +19,10 @@ from .safe_load import CheckpointError
 
 MANIFEST = "manifest.json"
 _BLOCK = 1 << 22
+# About 150 bytes a file: room for a tag of tens of thousands of files (a ZeRO tag has a few
+# per rank), and a bound on what a hostile manifest makes every rank read into memory.
+MAX_MANIFEST_BYTES = 16 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def file_digest(path: Path) -> str:
@@ -38,20 +45,31 @@ def write_manifest(tag_dir: Path, recipe_sha256: str) -> None:
     atomic_write_bytes(tag_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
+def _is_entry(name: str, entry) -> bool:
+    """One file of the tag as write_manifest lists it: {"bytes": int >= 0, "sha256": 64 hex
+    digits}, under a name the file system can take (a NUL cannot; ``verify`` names one that
+    points outside the tag)."""
+    return ("\0" not in name and isinstance(entry, dict) and type(entry.get("bytes")) is int and entry["bytes"] >= 0
+            and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"]) is not None)
+
+
 def read_manifest(tag_dir: Path) -> Dict:
     path = Path(tag_dir) / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"checkpoint {tag_dir} has no {MANIFEST}: incomplete, or not written by infcl-ds train")
+    damaged = f"checkpoint {tag_dir}: {MANIFEST} is damaged"
+    with open(path, "rb") as f:
+        text = f.read(MAX_MANIFEST_BYTES + 1)  # bounded before parsing, whatever the file claims to be
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{damaged} (more than {MAX_MANIFEST_BYTES >> 20} MiB; a manifest lists a tag's files)")
     try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-        # Each entry as write_manifest writes it: {"bytes": int, "sha256": str}.
-        if not isinstance(files, dict) or not all(
-                isinstance(e, dict) and type(e.get("bytes")) is int and isinstance(e.get("sha256"), str)
-                for e in files.values()):
-            raise TypeError
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise CheckpointError(f"checkpoint {tag_dir}: {MANIFEST} is damaged") from None
+        manifest = json.loads(text)
+    # RecursionError: nesting deeper than the parser's stack (a manifest is three levels deep).
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"{damaged} (not JSON, or nested too deep)") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(_is_entry(name, entry) for name, entry in files.items()):
+        raise CheckpointError(f"{damaged} (not the shape infcl-ds train writes)")
     return manifest
 
 

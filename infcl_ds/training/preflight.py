@@ -50,7 +50,8 @@ def check_free_disk(output_dir, needed_bytes: int) -> None:
                            f"{needed_bytes / 2**30:.2f} GiB (model weights and optimizer states)")
 
 
-# Every name the trainer writes directly inside output_dir: what --restart moves aside.
+# Every name the trainer writes directly inside output_dir: what --restart moves aside (not the
+# lock file, training/run_lock.py: the restarting run holds it).
 RUN_FILES = ("checkpoints", "metrics.csv", "eval.csv", "eval.json", "metrics.png", "tensorboard",
              "recipe.yaml", "run.json")
 

@@ -29,7 +29,8 @@ from .metrics import MetricsLogger, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
-from .resolve import resolve_auto_chunk, resolve_data
+from .resolve import check_float8, resolve_auto_chunk, resolve_data
+from .run_lock import RunLock, share_refusal, take_if_owner
 from .safe_load import CheckpointError
 
 
@@ -37,14 +38,21 @@ class Trainer:
     """Everything one rank needs for a run; ``run()`` does the steps."""
 
     def __init__(self, recipe: Recipe, resume: Optional[str] = None, trust_checkpoint: bool = False,
-                 allow_recipe_change: bool = False, restart: bool = False, watch=None):
+                 allow_recipe_change: bool = False, restart: bool = False, watch=None,
+                 run_lock: Optional[RunLock] = None):
         self.recipe = recipe
         self.phase = "joining the job"  # what this rank is doing, for the one-line error of a failure
         self.watch = watch if watch is not None else LauncherWatch([])
         self.watch.where = lambda: self.phase
         self.trust_checkpoint = trust_checkpoint
+        # Rank 0 locks the directory before joining (train.py may have done so already), and
+        # tells every rank right after it, before any other collective: a directory that a
+        # live run holds stops the whole job at once, each rank with the same line.
+        self.run_lock = run_lock if run_lock is not None else take_if_owner(recipe.output_dir)
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        check_float8(recipe, self.device)  # the same on every rank of a uniform job: before any collective
+        share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
         if recipe.batch.chunk == "auto":
             recipe = self.recipe = resolve_auto_chunk(recipe, self.world, self.device, self.rank)
@@ -248,6 +256,8 @@ class Trainer:
                         print(f"{metric_label(key)}: {value:.4f}")
                 print(f"{metric_label('zeroshot_top1')}: {results['zeroshot_top1']:.4f}")
             print(f"run directory: {self.run_dir}" + (f" (curves: {plot})" if plot else ""))
+        if self.run_lock is not None:
+            self.run_lock.release()  # the run is over: the directory may take the next one
         return results
 
     def _save(self) -> None:
