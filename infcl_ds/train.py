@@ -78,8 +78,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
                           allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch,
                           run_lock=run_lock)
-    except USER_ERRORS as err:  # found by every rank alike, before any work: a plain return
+    except USER_ERRORS as err:  # found by every rank alike, before any work
         print(f"infcl-ds train: {one_line(err)}", file=sys.stderr)
+        if joined_job():
+            # No teardown of the process group: a peer that has already left (rank 0 right after
+            # sharing a refusal) makes gloo's teardown abort this rank (SIGABRT, not status 2).
+            exit_now(USER_ERROR_EXIT)
         return USER_ERROR_EXIT
     except Exception as err:  # noqa: BLE001 - a peer that failed while the engine was built
         if not is_collective_failure(err):
@@ -97,6 +101,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if trainer.rank == 0:
         print(f"train time: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return DONE_EXIT
+
+
+def joined_job() -> bool:
+    import torch.distributed
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 if __name__ == "__main__":

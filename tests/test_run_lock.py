@@ -75,7 +75,9 @@ def test_every_rank_of_a_job_refuses_with_the_same_line(tmp_path):
     run = tmp_path / "run"
     with holder(run) as held:
         logs, procs = _start(tmp_path, "job", 2, [f"output_dir={run}"])
-        assert wait_all(procs, timeout=300) == [2, 2]
+        codes = wait_all(procs, timeout=300)
+        assert codes == [2, 2], "\n".join(f"--- rank {r}\n" + (logs / f"rank{r}.log").read_text()[-2000:]
+                                          for r in range(2))
     lines = [_our_lines(logs, rank) for rank in range(2)]
     assert len(lines[0]) == 1 and lines[0][0].startswith(_refusal(run, held.pid)), lines
     assert lines[1] == lines[0]
