@@ -595,7 +595,8 @@ def test_decodes_follow_the_engines_passes():
     from infcl_ds.config import load_recipe
     from infcl_ds.engine.step import engine_passes
     from infcl_ds.plan.timing import input_rate
-    base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024"]
+    base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024",
+            "data.decode_workers=14"]  # a number, as make_plan hands it on
     chunked = load_recipe(None, [*base, "batch.chunk=256"])
     assert input_rate(chunked, 1024, 1.0, kept_rows=512).needed == 2 * 1024 - 512
     one = load_recipe(None, [*base, "batch.chunk=1024"])

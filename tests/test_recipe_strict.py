@@ -40,7 +40,7 @@ BOUNDS = [
     (f"batch.global={2 * 10 ** 62}", f"batch.global must be <= 1,073,741,824, got {2 * 10 ** 62}"),
     (f"batch.chunk={2 ** 40}", f"batch.chunk must be an integer from 1 to 1,073,741,824 or auto, got {2 ** 40}"),
     ("data.workers=100000", "data.workers must be <= 1,024, got 100000"),
-    ("data.decode_workers=100000", "data.decode_workers must be <= 1,024, got 100000"),
+    ("data.decode_workers=100000", "data.decode_workers must be auto or an integer from 0 to 1,024, got 100000"),
     (f"data.worker_batch={10 ** 12}", f"data.worker_batch must be <= 1,073,741,824, got {10 ** 12}"),
     (f"eval.batch_size={10 ** 12}", f"eval.batch_size must be <= 65,536, got {10 ** 12}"),
     (f"data.synthetic_size={2 ** 31}", f"data.synthetic_size must be <= 1,073,741,824, got {2 ** 31}"),
@@ -89,7 +89,7 @@ def test_the_cli_prints_one_line_and_exits_2(capsys):
     assert code == 2 and out.err.strip() == "infcl-ds data check: recipe: data.workers must be <= 1,024, got 100000"
     assert plan_main(["--config", str(TINY), "--gpus", "1", "--set", "data.decode_workers=100000"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "refused: recipe: data.decode_workers must be <= 1,024, got 100000", err
+    assert err == "refused: recipe: data.decode_workers must be auto or an integer from 0 to 1,024, got 100000", err
 
 
 GOOD = [

@@ -159,7 +159,10 @@ class DataSection(Section):
     worker_batch: Count(1, MAX_SAMPLES) = 256    # samples per worker task (the pieces of a local batch)
     augment: bool = True
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
-    decode_workers: Count(0, MAX_PROCESSES) = 2  # encoded: decode processes per rank (0: in the training process)
+    # encoded: decode processes per rank (0: decode in the training process). auto: the cores of
+    # this rank's share of the node less those its other work keeps busy, resolved per rank at
+    # start-up (plan.auto_decode_workers; training/resolve.py).
+    decode_workers: Union[Literal["auto"], Count(0, MAX_PROCESSES)] = "auto"
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes

@@ -240,6 +240,9 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
     transform = uint8_image_transform(image_size, augment=data.augment)
     if data.host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
+        if data.decode_workers == "auto":
+            raise DataError("data.decode_workers=auto is resolved by the trainer (plan.auto_decode_workers) before "
+                            "the data is built: pass a number")
         keep_rows = kept_rows(data.keep_decoded_gib, image_size)
         window = min(local_batch, kept_rows(data.decode_window_gib, image_size))
         if device is None and data.decoder in ("nvjpeg", "hybrid"):

@@ -1,15 +1,17 @@
 """`infcl-ds plan`: check a recipe against the GPUs it will run on, before launching it.
 
     infcl-ds plan --config RECIPE [--gpus N | --hostfile F [--include S] [--exclude S]
-                  [--num_nodes N] [--num_gpus N]] [--gpu-memory 80GiB] [--host-memory 2TiB] [--set k=v ...]
+                  [--num_nodes N] [--num_gpus N]] [--gpu-memory 80GiB] [--host-memory 2TiB] [--cores N]
+                  [--set k=v ...]
     infcl-ds plan --scaling [--batch 4M,12M] [--dim 768]
 
 Exit status: 0 the recipe fits, 1 it does not (the verdict says why and what would), 2 it is
 refused (invalid recipe, a batch that does not split over the GPUs, an unsupported model).
 The world comes from --gpus, else from the hostfile as DeepSpeed's launcher reads it (same
 --include/--exclude/--num_nodes/--num_gpus), else from --num_gpus, else from a recipe file
-named like `*-32gpu.yaml`. GPU and host memory come from the flags, else from this node where it
-has a GPU (plan/machine.py), else are assumed; the report says which.
+named like `*-32gpu.yaml`. GPU and host memory and the cores of a node (for
+`data.decode_workers: auto`) come from the flags, else from this node where it has a GPU
+(plan/machine.py), else are assumed; the report says which.
 """
 import argparse
 import re
@@ -22,7 +24,7 @@ from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_num
 from ..config import RecipeError, load_recipe
 from .errors import PlanError
 from .machine import Node, read_node
-from .plan import DEFAULT_HOST_MEMORY, make_plan
+from .plan import ASSUMED_CORES_PER_GPU, DEFAULT_HOST_MEMORY, make_plan
 from .report import render_plan, render_scaling
 from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, ring_scaling_table
 
@@ -109,6 +111,18 @@ def memory_sizes(gpu_flag: Optional[int], host_flag: Optional[int], node: Option
     return Sizes(*gpu, *host)
 
 
+def node_cores(flag: Optional[int], node: Optional[Node] = None) -> Tuple[Optional[int], str]:
+    """(usable cores per node, where they came from) as memory_sizes: the flag; else this node's
+    where it has a GPU; else None, which make_plan takes as ASSUMED_CORES_PER_GPU per GPU, said
+    to be assumed."""
+    if flag is not None:
+        return flag, ""
+    node = node or read_node()
+    if node.has_gpus:
+        return node.cores, "read from this node"
+    return None, f"assumed {ASSUMED_CORES_PER_GPU} cores per GPU: this node has no GPU; pass --cores"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="infcl-ds plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="recipe YAML")
@@ -122,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-memory", type=parse_size, default=None,
                    help="per node (default: read from this node where it has a GPU, its cgroup limit if lower; "
                         "else 2TiB, said to be assumed)")
+    p.add_argument("--cores", type=positive_int, default=None,
+                   help="usable cores per node, for data.decode_workers: auto (default: read from this node where "
+                        f"it has a GPU, its affinity and CPU quota; else {ASSUMED_CORES_PER_GPU} per GPU, said to be "
+                        "assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
     p.add_argument("--encoder-tflops", type=positive_number, default=None,
                    help="effective encoder rate per GPU, bf16, for every model (default: the model's measured "
@@ -165,14 +183,16 @@ def main(argv=None) -> int:
             raise PlanError("plan: --config RECIPE is required (or --scaling)")
         recipe = load_recipe(args.config, args.overrides)
         gpus, per_node = _world(args)
-        sizes = memory_sizes(args.gpu_memory, args.host_memory)
+        node = read_node() if None in (args.gpu_memory, args.host_memory, args.cores) else None
+        sizes = memory_sizes(args.gpu_memory, args.host_memory, node)
+        cores, cores_note = node_cores(args.cores, node)
         plan = make_plan(recipe, gpus, sizes.gpu_bytes, per_node or args.gpus_per_node, sizes.host_bytes,
-                         encoder_tflops=args.encoder_tflops, network=args.network,
+                         cores=cores, encoder_tflops=args.encoder_tflops, network=args.network,
                          max_step_s=args.max_step_time, rates=rates)
     except (RecipeError, PlanError) as err:
         print(f"refused: {err}", file=sys.stderr)
         return 2
-    print(render_plan(plan, gpu_memory_note=sizes.gpu_note, host_memory_note=sizes.host_note))
+    print(render_plan(plan, gpu_memory_note=sizes.gpu_note, host_memory_note=sizes.host_note, cores_note=cores_note))
     return 0 if plan.fits else 1
 
 

@@ -1,10 +1,11 @@
 """What the planner reads off the node it runs on: its GPUs' memory, its host memory and the
-cores this process may use.
+cores this process may use; and what a rank reads off its node at start-up: the cores of its
+share (`rank_cores`, for `data.decode_workers: auto`).
 
 `launch/train.sh` runs the planner on the node that then trains (one node, or the first of a
 hostfile's), so what this node has is what a rank there will have; a node without a CUDA GPU (a
 login node, a CPU machine) says nothing about the training nodes, and the planner assumes sizes
-there instead, saying so. Flags (`--gpu-memory`, `--host-memory`) always win.
+there instead, saying so. Flags (`--gpu-memory`, `--host-memory`, `--cores`) always win.
 """
 import os
 from dataclasses import dataclass
@@ -13,6 +14,13 @@ from typing import Optional
 
 # cgroup v2, then v1: a job scheduler's memory limit, which is what the ranks may use.
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+# cgroup v2, then v1: a CPU quota (a container's --cpus, a Kubernetes CPU limit): the cores' worth
+# of time the job's processes get, whatever their affinity allows.
+_CGROUP_QUOTAS = ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+# Ranks on this node, as each launcher says: torchrun, the deepspeed launcher, OpenMPI, MPICH,
+# srun (launch/slurm.sbatch passes --ntasks-per-node).
+_LOCAL_RANKS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "SLURM_NTASKS_PER_NODE")
 
 
 @dataclass(frozen=True)
@@ -22,7 +30,7 @@ class Node:
     gpu_memory_bytes: int           # the smallest visible GPU's total memory (0 without GPUs)
     host_memory_bytes: int          # MemTotal, or the cgroup's limit where lower
     host_memory_source: str         # "MemTotal" or "cgroup limit"
-    cores: int                      # cores this process may run on (its affinity, not os.cpu_count)
+    cores: int                      # cores this process may use (usable_cores: affinity, CPU quota)
 
     @property
     def has_gpus(self) -> bool:
@@ -74,12 +82,89 @@ def host_memory() -> tuple:
     return total, "MemTotal"
 
 
-def usable_cores() -> int:
-    """Cores this process may run on: `taskset`, a scheduler's cpuset or `--bind-to` shrink it."""
+def _cgroup_cores(paths=_CGROUP_QUOTAS) -> Optional[int]:
+    """The CPU quota of this process's cgroup in whole cores (rounded up), or None where there is
+    none ('max', v1's -1) or it cannot be read. v2 writes 'quota period'; v1's period is beside
+    its quota."""
+    for path in paths:
+        try:
+            fields = Path(path).read_text().split()
+            if path.endswith("cfs_quota_us"):
+                fields += Path(path).with_name("cpu.cfs_period_us").read_text().split()
+        except OSError:
+            continue
+        try:
+            quota, period = int(fields[0]), int(fields[1])
+        except (ValueError, IndexError):  # 'max', or an unreadable line
+            return None
+        return -(-quota // period) if quota > 0 and period > 0 else None
+    return None
+
+
+def usable_cores(pid: int = 0) -> int:
+    """Cores process `pid` (0: this one) may run on: its affinity (`taskset`, a scheduler's
+    cpuset, a launcher's `--bind-to` shrink it; os.cpu_count does not see them), at most the
+    cgroup's CPU quota."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(pid))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cores()
+    return min(cores, quota) if quota else cores
+
+
+def _launcher_cores() -> Optional[int]:
+    """usable_cores of the process that started this one (the launcher), or None if it is gone
+    or unreadable."""
+    try:
+        return usable_cores(os.getppid())
+    except OSError:
+        return None
+
+
+def local_ranks(default: int = 1) -> int:
+    """Ranks on this node, as the launcher says (_LOCAL_RANKS); `default` where none does."""
+    for name in _LOCAL_RANKS:
+        text = os.environ.get(name, "").split("(")[0]  # srun may write "8(x4)"
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return default
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    """The cores one rank may keep busy, and the words that say how they were found."""
+    cores: int
+    text: str    # "16 cores of this rank's share, 128 usable on this node / 8 ranks"
+
+
+def _cores(n: int) -> str:
+    return f"{n} core{'s' if n != 1 else ''}"
+
+
+def split_cores(node_cores: int, ranks: int, whose: str = "this rank's share",
+                node: str = "usable on this node") -> CoreShare:
+    """A node's cores split evenly over its ranks (at least one each)."""
+    share = max(1, node_cores // ranks)
+    how = f", {node_cores} {node} / {ranks} ranks" if ranks > 1 else ""
+    return CoreShare(share, f"{_cores(share)} of {whose}{how}")
+
+
+def rank_cores(default_ranks: int = 1) -> CoreShare:
+    """This rank's share of its node's cores; `default_ranks`: ranks on the node where no
+    launcher says (local_ranks).
+
+    The ranks of a node start with the affinity their launcher had, and share it: each gets its
+    part. A launcher that binds each rank to its own cores (deepspeed --bind_cores_to_rank,
+    mpirun --bind-to core, srun --cpu-bind=cores) leaves the rank fewer cores than it has itself:
+    those are the rank's share already. A `taskset` or a scheduler's cpuset around the whole
+    launch narrows the launcher too, so its ranks still split what it has."""
+    cores, ranks = usable_cores(), local_ranks(default_ranks)
+    launcher = _launcher_cores() if ranks > 1 else None
+    if launcher is not None and cores < launcher:
+        return CoreShare(cores, f"{_cores(cores)} of this rank's share, bound to it by its launcher (which "
+                                f"has {launcher})")
+    return split_cores(cores, ranks)
 
 
 def read_node() -> Node:

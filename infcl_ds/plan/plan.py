@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
-from ..config.recipe import compile_supported
+from ..config.recipe import MAX_PROCESSES, DataSection, compile_supported
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError
+from .machine import CoreShare, split_cores
 from .timing import DEFAULT_NETWORK, NETWORKS, InputRate, KernelRates, StepTime, input_rate, step_time
 
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
@@ -49,6 +50,13 @@ class Limit:
 
 
 @dataclass(frozen=True)
+class AutoDecodeWorkers:
+    """`data.decode_workers: auto` resolved: the count and why, in words for the log and the plan."""
+    count: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe: Recipe
     model: ModelEstimate
@@ -65,6 +73,8 @@ class Plan:
     image_bytes: int = 0                   # stored bytes per image (encoded host batches)
     image_bytes_source: str = ""
     inputs: Optional[InputRate] = None     # decoding against the step (encoded host batches)
+    decode_workers: Optional[AutoDecodeWorkers] = None  # data.decode_workers: auto, as resolved here
+    cores_assumed: bool = False            # the node's cores were not given: ASSUMED_CORES_PER_GPU
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
     advice: Tuple[str, ...] = ()           # a fitting recipe's faster alternatives
@@ -171,6 +181,7 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
     AUTO_CHUNK_MEMORY_SHARE of the memory (the local batch itself when it is smaller). Raises
     PlanError when even a chunk of 1 does not fit."""
     check_world(recipe, gpus)
+    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
     local = recipe.local_batch(gpus)
     budget = int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE)
     top = min(local, AUTO_CHUNK_MAX)
@@ -198,6 +209,7 @@ def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
     for within AUTO_CHUNK_MEMORY_SHARE of the GPU's memory; 0 when none fit."""
     if recipe.data.host_batch == "decoded":
         return 0.0
+    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
     model = estimate_model(recipe.model.name)
     bare = assess(recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus, gpu_memory_bytes, gpus_per_node,
                   DEFAULT_HOST_MEMORY, KernelRates.load(), encoder_tflops=None, network=DEFAULT_NETWORK,
@@ -209,8 +221,67 @@ def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
     return rows * row / mem.GIB  # exact: kept_rows gives `rows` back
 
 
+# data.decode_workers: auto where the node is not known (make_plan without `cores`, the probes of
+# auto_chunk and auto_keep_gib): cores per GPU of a training node, on the low side (one H200 host
+# here has 16; a DGX H100 has 224 logical cores for 8 GPUs).
+ASSUMED_CORES_PER_GPU = 16
+
+
+def _busy_besides_decoding(data: DataSection) -> Tuple[int, str]:
+    """(cores, in words) that else stay busy on a rank while its decode processes run: the
+    training process (it drives the GPU and assembles the next batch), each data.workers reader
+    (reads the stored bytes and tokenizes) and, for data.decoder=hybrid, the GPU decoder's lane
+    thread (it drives nvJPEG). Decode processes beyond the cores these leave would only take
+    turns with them and with each other."""
+    busy = [(1, "the training process")]
+    if data.workers:
+        busy.append((data.workers, f"{data.workers} reader{'s' if data.workers > 1 else ''}"))
+    if data.decoder == "hybrid":
+        busy.append((1, "the GPU decoder's lane thread"))
+    words = [text for _, text in busy]
+    return sum(n for n, _ in busy), ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
+
+
+def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorkers:
+    """`data.decode_workers: auto` on a rank with `share` of its node's cores: the cores left by
+    _busy_besides_decoding, at most MAX_PROCESSES. At least 1 where the share has 2 cores or
+    more, so that decoding overlaps the step; 0 (decode in the training process) on a
+    share of one core, where a decode process would only take turns with the training process
+    and add its window. 0 where nothing decodes in processes (data.decoder=nvjpeg, decoded host
+    batches)."""
+    if data.host_batch == "decoded":
+        return AutoDecodeWorkers(0, "data.host_batch=decoded: the data workers decode")
+    if data.decoder == "nvjpeg":
+        return AutoDecodeWorkers(0, "data.decoder=nvjpeg decodes on the GPU")
+    if share.cores <= 1:
+        return AutoDecodeWorkers(0, f"{share.text}: decoded in the training process, which a decode "
+                                    "process would only take turns with")
+    busy, words = _busy_besides_decoding(data)
+    left = share.cores - busy
+    count = min(max(1, left), MAX_PROCESSES)
+    bound = ("; at least 1, so that decoding overlaps the step" if left < 1 else
+             f"; at most {MAX_PROCESSES:,}" if left > MAX_PROCESSES else "")
+    return AutoDecodeWorkers(count, f"{share.text}, less {words}{bound}")
+
+
+def planned_cores(gpus: int, gpus_per_node: int, cores: Optional[int] = None) -> CoreShare:
+    """A rank's share of a node's `cores` (ASSUMED_CORES_PER_GPU per rank where None), the
+    node's ranks splitting them: what each rank of the launch will find (machine.rank_cores)."""
+    ranks = min(gpus, gpus_per_node)
+    return split_cores(ASSUMED_CORES_PER_GPU * ranks if cores is None else cores, ranks, "each rank's share",
+                       "on a node")
+
+
+def with_decode_workers(recipe: Recipe, share: CoreShare) -> Recipe:
+    """The recipe with `data.decode_workers: auto` resolved for `share` (unchanged otherwise)."""
+    if recipe.data.decode_workers != "auto":
+        return recipe
+    return recipe_with(recipe, "data", decode_workers=auto_decode_workers(recipe.data, share).count)
+
+
 def _without_auto(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int) -> Recipe:
-    """batch.chunk and data.keep_decoded_gib as the trainer resolves `auto` on these GPUs."""
+    """batch.chunk and data.keep_decoded_gib as the trainer resolves `auto` on these GPUs
+    (data.decode_workers resolved before: both may count the GPU decoder's share)."""
     if recipe.batch.chunk == "auto":
         recipe = recipe_with(recipe, "batch", chunk=auto_chunk(recipe, gpus, gpu_memory_bytes, gpus_per_node))
     if recipe.data.keep_decoded_gib == "auto":
@@ -220,16 +291,21 @@ def _without_auto(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
-              host_memory_bytes: Optional[int] = None, *, encoder_tflops: Optional[float] = None,
-              network: str = DEFAULT_NETWORK, max_step_s: Optional[float] = None,
-              rates: Optional[KernelRates] = None) -> Plan:
+              host_memory_bytes: Optional[int] = None, *, cores: Optional[int] = None,
+              encoder_tflops: Optional[float] = None, network: str = DEFAULT_NETWORK,
+              max_step_s: Optional[float] = None, rates: Optional[KernelRates] = None) -> Plan:
     """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each, ``gpus_per_node`` per node
-    with ``host_memory_bytes`` of host memory each (default: DEFAULT_HOST_MEMORY, marked as
-    assumed); ``encoder_tflops`` as timing.encoder_times. Raises RecipeError when the batch does
-    not split over the GPUs and PlanError when the model cannot be estimated; a recipe that does
-    not fit gets ``fits == False`` and a verdict that says why and what would fix it."""
+    with ``host_memory_bytes`` of host memory and ``cores`` usable cores each (defaults:
+    DEFAULT_HOST_MEMORY and ASSUMED_CORES_PER_GPU per GPU, marked as assumed);
+    ``encoder_tflops`` as timing.encoder_times. Raises RecipeError when the batch does not split
+    over the GPUs and PlanError when the model cannot be estimated; a recipe that does not fit
+    gets ``fits == False`` and a verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
+    decode_workers = None
+    if recipe.data.decode_workers == "auto":  # what each rank will choose (training/resolve.py)
+        decode_workers = auto_decode_workers(recipe.data, planned_cores(gpus, gpus_per_node, cores))
+        recipe = recipe_with(recipe, "data", decode_workers=decode_workers.count)
     recipe = _without_auto(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # what the trainer will choose
     rates = rates or KernelRates.load()
     assumed = host_memory_bytes is None
@@ -237,7 +313,8 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     probe = functools.partial(assess, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
                               host_memory_bytes=host_memory_bytes, rates=rates, encoder_tflops=encoder_tflops,
                               network=network, max_step_s=max_step_s)
-    plan = dataclasses.replace(probe(recipe, gpus), host_memory_assumed=assumed)
+    plan = dataclasses.replace(probe(recipe, gpus), host_memory_assumed=assumed, decode_workers=decode_workers,
+                               cores_assumed=cores is None)
     if plan.fits:
         advice = ()
         if not compile_supported(recipe.zero.stage) and recipe.zero.base_config is None:

@@ -3,7 +3,7 @@ from typing import List, Sequence
 
 from . import memory as mem
 from .encoders import CALIBRATION_SOURCE, activation_calibration
-from .plan import GPU_LIMIT, HOST_LIMIT, Plan
+from .plan import ASSUMED_CORES_PER_GPU, GPU_LIMIT, HOST_LIMIT, Plan
 from .timing import NETWORKS, NVJPEG_RATE_PER_GPU, NVLINK, KernelRates, ScalingRow, min_hidden_block
 
 
@@ -45,7 +45,18 @@ def _gpu_table(plan: Plan) -> List[str]:
     return lines
 
 
-def _host_line(plan: Plan, host_memory_note: str = "") -> str:
+def _decode_workers_line(plan: Plan, cores_note: str = "") -> str:
+    """What `data.decode_workers: auto` becomes on the planned nodes and why, and where the
+    node's cores came from ("" where the recipe gives a number)."""
+    chosen, data = plan.decode_workers, plan.recipe.data
+    if chosen is None or data.host_batch == "decoded" or data.decoder == "nvjpeg":  # no decode processes
+        return ""
+    note = cores_note or (f"assumed {ASSUMED_CORES_PER_GPU} cores per GPU; pass --cores" if plan.cores_assumed
+                          else "")
+    return f"\n  data.decode_workers=auto: {chosen.count} per rank ({chosen.why}{'; ' + note if note else ''})"
+
+
+def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> str:
     ranks = min(plan.gpus, plan.gpus_per_node)
     data = plan.recipe.data
     pieces = mem.input_samples_held(plan.local_batch, data.workers, data.worker_batch) - 2 * plan.local_batch
@@ -61,6 +72,7 @@ def _host_line(plan: Plan, host_memory_note: str = "") -> str:
              f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
              f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "
              f"{pieces:,} samples prefetched by {data.workers} data workers) x {form}")
+    lines += _decode_workers_line(plan, cores_note)
     if plan.inputs is not None:
         rate = plan.inputs
         kept = plan.gpu.components.get(mem.PIXELS_KEPT, 0) // (3 * plan.model.image_size ** 2)
@@ -76,9 +88,11 @@ def _host_line(plan: Plan, host_memory_note: str = "") -> str:
         if rate.binds:
             needed = rate.workers_needed()
             fix = ("set data.decoder=hybrid to add decode processes" if decoder == "nvjpeg" else
-                   f"set data.decode_workers={needed}" if needed <= MAX_DECODE_WORKERS_ADVISED else
                    f"{needed:,} decode processes per rank would be needed: hold the batch decoded "
-                   "(data.host_batch=decoded) or give each step more work")
+                   "(data.host_batch=decoded) or give each step more work" if needed > MAX_DECODE_WORKERS_ADVISED
+                   else f"{needed} decode processes per rank would be needed, more than the cores leave: a node "
+                        "with more cores per GPU, or data.decoder=hybrid" if plan.decode_workers is not None
+                   else f"set data.decode_workers={needed}")
             lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "
                       f"{plan.time.total:.0f} s ({fix})")
     return lines
@@ -137,11 +151,13 @@ def _limit_lines(plan: Plan) -> List[str]:
 MAX_DECODE_WORKERS_ADVISED = 64
 
 
-def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "") -> str:
+def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "", cores_note: str = "") -> str:
     """The full report; the verdict comes second to last and `peak per GPU: X GiB` last. Where
-    the GPU and host sizes came from (read off this node, or assumed) is said beside them when
-    the caller gives a note: in the verdict for the GPUs, on the host line for the host."""
-    lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan, host_memory_note), ""] + _time_lines(plan)
+    the GPU and host sizes and the node's cores came from (read off this node, or assumed) is
+    said beside them when the caller gives a note: in the verdict for the GPUs, on the host line
+    for the host, on the data.decode_workers line for the cores."""
+    lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan, host_memory_note, cores_note), ""]
+    lines += _time_lines(plan)
     lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice]
     lines += [plan.verdict + (f" ({gpu_memory_note})" if gpu_memory_note else ""),
               f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]

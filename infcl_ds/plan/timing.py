@@ -366,7 +366,8 @@ class InputRate:
 def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
     """Decodes a step needs: every row in the first pass, and again in the second unless its
     chunk was kept decoded on the GPU (`kept_rows`); once for a local batch that the engine
-    encodes in one pass (engine.step.engine_passes)."""
+    encodes in one pass (engine.step.engine_passes). And what the recipe's decode processes
+    deliver: data.decode_workers a number (make_plan resolves auto for the node)."""
     workers, decoder = recipe.data.decode_workers, recipe.data.decoder
     per_worker = DECODE_RATES_PER_WORKER["pil" if decoder in ("nvjpeg", "hybrid") else decoder]
     if decoder == "nvjpeg":  # no decode processes

@@ -1,6 +1,7 @@
-"""The recipe's `auto` values resolved for the device this rank runs on, by the planner, and
-what the recipe asks of that device."""
+"""The recipe's `auto` values resolved for the device and the node this rank runs on, by the
+planner, and what the recipe asks of that device."""
 import sys
+from typing import Any, Dict, Optional
 
 import deepspeed.comm as dist
 import torch
@@ -8,12 +9,27 @@ import torch
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
 from ..plan.errors import PlanError
-from ..plan.plan import AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_keep_gib, recipe_with
+from ..plan.machine import CoreShare, rank_cores
+from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_decode_workers, auto_keep_gib,
+                         recipe_with, with_decode_workers)
 from ..plan.timing import hybrid_gpu_share
 
 
 def _gpu_memory_and_count(device: torch.device):
     return torch.cuda.get_device_properties(device).total_memory, max(1, torch.cuda.device_count())
+
+
+def _rank_share(device: torch.device) -> CoreShare:
+    """This rank's share of its node's cores; where no launcher says how many ranks the node
+    has, one per visible GPU (how the trainer is launched), one on a CPU rank."""
+    return rank_cores(_gpu_memory_and_count(device)[1] if device.type == "cuda" else 1)
+
+
+def _is_rank_zero(rank: Optional[int]) -> bool:
+    """`rank` is 0; None: this process's rank in the job (0 outside one)."""
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    return rank == 0
 
 
 def check_float8(recipe: Recipe, device: torch.device) -> None:
@@ -34,7 +50,9 @@ def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: i
     check_float8(recipe, device)
     if device.type == "cuda":
         try:
-            chunk = auto_chunk(recipe, world, *_gpu_memory_and_count(device))
+            # data.decode_workers as this rank resolves it: hybrid's GPU share counts in the peak.
+            planned = with_decode_workers(recipe, _rank_share(device))
+            chunk = auto_chunk(planned, world, *_gpu_memory_and_count(device))
         except PlanError as err:
             raise RecipeError(f"recipe: {err}; set batch.chunk to a number") from err
     else:
@@ -61,6 +79,19 @@ def resolve_auto_keep(recipe: Recipe, world: int, device: torch.device) -> Recip
     return recipe_with(recipe, "data", keep_decoded_gib=gib)
 
 
+def resolve_decode_workers(recipe: Recipe, device: torch.device, rank: Optional[int] = None) -> Recipe:
+    """The recipe with `data.decode_workers: auto` replaced by the planner's count for this rank's
+    share of its node's cores (plan.auto_decode_workers, machine.rank_cores), said once, by rank
+    0 (`rank`; default: this process's rank in the job). Ranks may differ, and a resume may
+    choose another count: the processes decide when a row is decoded, never its pixels."""
+    if recipe.data.decode_workers != "auto":
+        return recipe
+    chosen = auto_decode_workers(recipe.data, _rank_share(device))
+    if _is_rank_zero(rank):
+        print(f"data.decode_workers=auto: {chosen.count} ({chosen.why})", file=sys.stderr, flush=True)
+    return recipe_with(recipe, "data", decode_workers=chosen.count)
+
+
 def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
     """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank. The recipe
     with hybrid's `data.gpu_decode_share: auto` replaced by the planner's share
@@ -76,6 +107,17 @@ def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
     return recipe
 
 
-def resolve_data(recipe: Recipe, world: int, device: torch.device) -> Recipe:
-    """The data section's `auto` values for this rank (the recipe saved with the run keeps them)."""
+def resolve_data(recipe: Recipe, world: int, device: torch.device, rank: Optional[int] = None) -> Recipe:
+    """The data section's `auto` values for this rank (the recipe saved with the run keeps them:
+    a resume resolves them again, on its own node). data.decode_workers first: the kept chunks
+    and hybrid's GPU share are planned with it."""
+    recipe = resolve_decode_workers(recipe, device, rank)
     return resolve_decoder(resolve_auto_keep(recipe, world, device), device)
+
+
+def resolved_values(recipe: Recipe, resolved: Recipe) -> Dict[str, Any]:
+    """{"data.decode_workers": 13, ...}: what this rank made of the data section's `auto` values
+    (resolve_data; those it left, as a GPU share without a GPU decoder, left out), for the run's
+    record beside the recipe that keeps them."""
+    return {f"data.{key}": getattr(resolved.data, key) for key, value in recipe.data
+            if value == "auto" and getattr(resolved.data, key) != "auto"}
