@@ -4,7 +4,7 @@
 #
 #   launch/train.sh RECIPE [--hostfile F] [--include S] [--exclude S] [--num_nodes N]
 #                   [--num_gpus N] [--master_addr A] [--master_port P] [--no_ssh --node_rank I]
-#                   [--ssh_port P] [--enable_each_rank_log DIR] [--gpu-memory 80GiB] [--host-memory 2TiB] [--no-plan]
+#                   [--ssh_port P] [--enable_each_rank_log DIR] [--gpu-memory 80GiB] [--host-memory 2TiB] [--cores N] [--no-plan]
 #                   [--resume TAG | --restart] [--set key=value ...]
 #
 # Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ... | --restart]
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --include|--exclude|--num_nodes|--num_gpus) launcher+=("$1" "$2"); world+=("$1" "$2"); shift 2 ;;
     --master_addr|--master_port|--node_rank|--ssh_port|--enable_each_rank_log) launcher+=("$1" "$2"); shift 2 ;;
     --no_ssh) launcher+=("$1"); shift ;;
-    --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
+    --gpu-memory|--host-memory|--cores) planner+=("$1" "$2"); shift 2 ;;
     --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); trainer_sets+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
     --restart) trainer+=("$1"); shift ;;
