@@ -63,10 +63,10 @@ def _loss_fn(impl, rank, world):
 def _engine(args, impl, rank, world, device):
     """The trainer's built engine (training/build.py) for this configuration, `impl`'s loss swapped in;
     --chunk auto resolved there as `batch.chunk: auto` is in training (args.chunk set to it)."""
-    built = build_engine(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank=rank,
-                         loss_fn=_loss_fn(impl, rank, world), time_phases=True)
-    args.chunk = built.chunk
-    return built
+    engine = build_engine(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank=rank,
+                          loss_fn=_loss_fn(impl, rank, world), time_phases=True)
+    args.chunk = engine.settings.chunk_size
+    return engine
 
 
 def _recipe(args, world, args_batch, data="synthetic", decoder=None):
@@ -110,7 +110,7 @@ def _pool(args, info, device):
     return images, texts
 
 
-def _timed_steps(step_engine, next_batch, steps, device):
+def _timed_steps(engine, next_batch, steps, device):
     """`steps` + 1 steps, each on `next_batch()`; the first (compilation, tile tuning, allocator
     growth at this shape) is untimed for the figures. Returns (first step's seconds, the timed
     ones', last loss, the seconds each timed step waited for decoded pixels)."""
@@ -122,7 +122,7 @@ def _timed_steps(step_engine, next_batch, steps, device):
             if i == 1:  # the phases' peaks of the steady steps, not the first's
                 torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        loss = step_engine.train_step(batch)
+        loss = engine.train_step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -161,12 +161,12 @@ class _JpegBatches:
         self.data.close()
 
 
-def _profiled_step(step_engine, batch, rank):
+def _profiled_step(engine, batch, rank):
     """One step under the profiler; a failure (out of memory under the profiler's own
     buffers) is recorded in the row, not put in place of the measured figures."""
     from .profile import format_table, profile_step
     try:
-        table = profile_step(lambda: step_engine.train_step(batch))
+        table = profile_step(lambda: engine.train_step(batch))
     except Exception as err:  # noqa: BLE001
         if not is_oom(err):
             raise
@@ -181,12 +181,13 @@ def _profiled_step(step_engine, batch, rank):
 COMPILE_CHECK_TOL = 5e-2
 
 
-def compiled_gradient_check(model_name, pool, n, device, gelu_epilogue=True):
+def compiled_gradient_check(model_name, pool, n, device, gelu_epilogue):
     """The engine's compiled towers (fast forwards, engine/towers.py, then compiled) against
     open_clip's own eager ones on one chunk of `n` pool samples, bf16 on `device`: the largest
     difference of the features with grad (the re-encode pass), of the features without (the
     encode pass, which the loss sees) and of the parameter gradients, each relative to the eager
-    tensor's largest magnitude; `within_bf16_noise`: all three within COMPILE_CHECK_TOL."""
+    tensor's largest magnitude; `within_bf16_noise`: all three within COMPILE_CHECK_TOL.
+    `gelu_epilogue`: the engine's setting (EngineSettings.gelu_epilogue)."""
     import copy
     from infcl_ds.engine.compile import compile_encoders
     from infcl_ds.engine.towers import fast_tower_modules
@@ -233,12 +234,12 @@ def _worker(rank, world, args, port, ident):
         rows = old["rows"]  # a row of this run replaces its configuration's earlier one (row_key)
         meta = {**old["meta"], **{k: v for k, v in meta.items() if k != "argv"}}
     for impl in args.impl.split(","):
-        built = _engine(args, impl, rank, world, device)
-        step_engine = built.engine
+        engine = _engine(args, impl, rank, world, device)
         meta["chunk"] = args.chunk  # --chunk auto: the chunk chosen
-        info = model_info(step_engine.model)
+        info = model_info(engine.model)
         pool = _pool(args, info, device)
-        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device, built.recipe.model.gelu_epilogue)
+        check = (compiled_gradient_check(args.model, pool, min(args.chunk, 64), device,
+                                         engine.settings.gelu_epilogue)
                  if args.compile and cuda and impl == "infcl_ds" else None)
         if check and rank == 0:
             print(f"compiled vs eager (bf16, {check['samples']} samples): features {check['features_rel_diff']:.2e} "
@@ -266,7 +267,7 @@ def _worker(rank, world, args, port, ident):
                 if data == "jpeg":
                     batches = _JpegBatches(args, B, world, rank, info, device, decoder)
                     try:
-                        first, timed, loss, waits = _timed_steps(step_engine, batches.next, args.steps, device)
+                        first, timed, loss, waits = _timed_steps(engine, batches.next, args.steps, device)
                     finally:
                         batches.close()
                     wait = group_max(sum(waits) / len(waits))
@@ -276,9 +277,9 @@ def _worker(rank, world, args, port, ident):
                                decode_wait_share=wait / group_max(sum(timed) / len(timed)))
                 else:
                     batch = CyclingHostBatch(local, *pool)
-                    first, timed, loss, _ = _timed_steps(step_engine, lambda: batch, args.steps, device)
+                    first, timed, loss, _ = _timed_steps(engine, lambda: batch, args.steps, device)
                 seconds = group_max(sum(timed) / len(timed))
-                phases = step_engine.phases.last
+                phases = engine.phases.last
                 row.update(step_s=seconds, first_step_s=group_max(first), steps_s=timed, loss=loss,
                            samples_per_s=B / seconds, command=_command(args),
                            **{f"{k}_s": group_max(v["s"]) for k, v in phases.items()},
@@ -295,7 +296,7 @@ def _worker(rank, world, args, port, ident):
                 if impl == "infcl_ds":
                     row.update(_prediction(args, B, world, data, decoder))
                 if args.profile and cuda and data == "synthetic":  # one more step, after the timed ones: nothing compiles in it
-                    row["profile"] = _profiled_step(step_engine, batch, rank)
+                    row["profile"] = _profiled_step(engine, batch, rank)
             except Exception as err:  # noqa: BLE001
                 if not is_oom(err):
                     raise
@@ -307,7 +308,7 @@ def _worker(rank, world, args, port, ident):
                 print(_fmt(row), flush=True)
                 meta["memory_slope"] = _memory_slope(rows, args.model, args.zero)
                 write_rows(out, rows, meta)
-        del step_engine
+        del engine
         if cuda:
             torch.cuda.empty_cache()
     if rank == 0:

@@ -1,10 +1,32 @@
-"""Input checks for the public loss: every bad input is a ValueError that names the problem."""
+"""Input checks for the public loss: every bad input is a ValueError that names the problem;
+values that cannot give a finite loss are its subclass NonFiniteFeaturesError."""
 import numbers
+from typing import Optional
 
 import torch
 
 FEATURE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FEATURE_DEVICES = ("cuda", "cpu")
+
+
+class NonFiniteFeaturesError(ValueError):
+    """Inputs that cannot give a finite loss: features, logit scale or bias holding NaN or Inf,
+    or features too large for finite fp32 logits. A ValueError like every bad input; a type of
+    its own so that a trainer tells a diverged step from a caller's mistake (training/divergence.py)
+    without reading the message. ``problem``: what is wrong, without the advice to API callers
+    that the message ends with (the whole message where it has none). Over several ranks every
+    rank raises it when each failing rank's problem is one (parallel/checks.py)."""
+
+    def __init__(self, message: str, problem: Optional[str] = None):
+        super().__init__(message)
+        self.problem = message if problem is None else problem
+
+    def __reduce__(self):  # pickled (a spawned rank's result): the problem too
+        return type(self), (str(self), self.problem)
+
+
+def _nonfinite(problem: str, advice: str = " (pass check_finite=False to skip this check)") -> NonFiniteFeaturesError:
+    return NonFiniteFeaturesError(problem + advice, problem)
 
 
 def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_finite: bool = True) -> torch.Tensor:
@@ -41,7 +63,7 @@ def check_features(image: torch.Tensor, text: torch.Tensor, logit_scale, check_f
                               logit_scale.detach().float().abs().reshape(())]).tolist()
         for name, is_bad in zip(("image_features", "text_features", "logit_scale"), checks[:3]):
             if is_bad:
-                raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+                raise _nonfinite(f"{name} contains NaN or Inf")
         check_logits_fit(*checks[3:], image.shape[1])
     return logit_scale
 
@@ -56,9 +78,9 @@ def check_logits_fit(image_peak: float, text_peak: float, scale: float, dim: int
     the loss could not be exact, so such features are refused instead of returning NaN."""
     bound = scale * dim * image_peak * text_peak
     if bound >= FP32_MAX:
-        raise ValueError(f"features too large for finite logits: |logit_scale| x dim x max|image_features| x "
-                         f"max|text_features| = {bound:.3g} reaches float32's {FP32_MAX:.3g} "
-                         "(L2-normalise the features)")
+        raise _nonfinite(f"features too large for finite logits: |logit_scale| x dim x max|image_features| x "
+                         f"max|text_features| = {bound:.3g} reaches float32's {FP32_MAX:.3g}",
+                         " (L2-normalise the features)")
 
 
 def as_scalar_tensor(name: str, value, device: torch.device) -> torch.Tensor:
@@ -106,4 +128,4 @@ def check_unused_logit_bias(logit_bias, check_finite: bool = True) -> None:
 
 def _check_finite_bias(logit_bias: torch.Tensor, check_finite: bool) -> None:
     if check_finite and not bool(torch.isfinite(logit_bias.detach()).all()):
-        raise ValueError("logit_bias contains NaN or Inf (pass check_finite=False to skip this check)")
+        raise _nonfinite("logit_bias contains NaN or Inf")

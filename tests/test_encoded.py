@@ -377,18 +377,18 @@ def _engine_grads(rank, world, shard, host_batch, keep_rows=0):
     from deepspeed.utils import safe_get_full_grad
     from open_clip import get_tokenizer
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     batch = first_batch(shard, get_tokenizer("ViT-B-32"), host_batch, decode_workers=1,
                         local_batch=SAMPLES // world, rank=rank, world_size=world)
     batch.keep_rows = keep_rows
     config = {"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
     model = PixelModel()
-    step = ContrastiveEngine.create(model, config, 6, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                    verify_replay=True)
+    step = ContrastiveEngine.create(model, config, EngineSettings(6, verify_replay=True),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     loss = step.forward_backward(batch)
     return {"loss": loss.item(),
-            "grads": {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}}
+            "grads": {n: safe_get_full_grad(p).clone() for n, p in step.model.named_parameters()}}
 
 
 def test_engine_gradients_equal_for_both_host_forms(shard):

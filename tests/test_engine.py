@@ -54,7 +54,7 @@ def _config(stage, **extra):
 def _full_params(step):
     from deepspeed.utils import safe_get_full_fp32_param
     out = {}
-    for n, p in step.engine.module.named_parameters():
+    for n, p in step.model.named_parameters():
         master = safe_get_full_fp32_param(p)  # None without a ZeRO optimizer: the parameter is it
         out[n] = (master if master is not None else p.detach()).clone()
     return out
@@ -64,27 +64,26 @@ def _engine_run(rank, world, stage, offload, chunk=CHUNK):
     """Gradients of one chunked step, then parameters after 3 SGD and after 3 AdamW steps."""
     from deepspeed.utils import safe_get_full_grad
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     images, texts = batch()
     lo = rank * LOCAL
     local = (images[lo:lo + LOCAL], texts[lo:lo + LOCAL])
     out = {}
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), chunk, loss_fn=exact_loss(),
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                                    offload_features=offload)
+    step = ContrastiveEngine.create(model, _config(stage), EngineSettings(chunk, offload_features=offload),
+                                    loss_fn=exact_loss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
     forwards = []
     model.visual.register_forward_hook(lambda *_: forwards.append(1))
     out["loss"] = step.forward_backward(*local).item()
     out["forwards"] = len(forwards)
-    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
-    step.engine.step()
+    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.model.named_parameters()}
+    step.deepspeed.step()
     step._clamp_logit_scale(math.log(100.0))
     for _ in range(2):
         step.train_step(*local)
     out["sgd"] = _full_params(step)
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(stage), chunk, loss_fn=exact_loss(),
+    step = ContrastiveEngine.create(model, _config(stage), EngineSettings(chunk), loss_fn=exact_loss(),
                                     optimizer=torch.optim.AdamW(model.parameters(), lr=0.05))
     for _ in range(3):
         step.train_step(*local)
@@ -161,15 +160,14 @@ class TinyWithDropout(Tiny):
 
 def _dropout_replay(rank, world, replay):
     import infcl_ds.engine.step as step_module
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     if not replay:  # break the replay: every chunk re-encodes with fresh randomness
         step_module._set_rng_state = lambda state, device: None
     model = TinyWithDropout()
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1,
               "gradient_clipping": 0.0, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, CHUNK, loss_fn=exact_loss(),
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                    verify_replay=True)
+    step = ContrastiveEngine.create(model, config, EngineSettings(CHUNK, verify_replay=True), loss_fn=exact_loss(),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     images, texts = batch()
     try:
         step.forward_backward(images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
@@ -191,22 +189,22 @@ def _compiled_run(rank, world, backend):
     steps 1, 2 and 3, with the towers compiled by `backend` (None: eager)."""
     from deepspeed.utils import safe_get_full_grad
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     from infcl_ds.engine.compile import graphs_compiled
     images, texts = batch()
     lo = rank * LOCAL
     local = (images[lo:lo + LOCAL], texts[lo:lo + LOCAL])
     model = Tiny()
-    step = ContrastiveEngine.create(model, _config(2), CHUNK, loss_fn=exact_loss(), compile_backend=backend,
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
+    step = ContrastiveEngine.create(model, _config(2), EngineSettings(CHUNK, compile_backend=backend),
+                                    loss_fn=exact_loss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
     loss = step.forward_backward(*local).item()
-    grads = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
-    step.engine.step()
+    grads = {n: safe_get_full_grad(p).clone() for n, p in step.model.named_parameters()}
+    step.deepspeed.step()
     graphs = [graphs_compiled()]
     for _ in range(2):
         step.train_step(*local)
         graphs.append(graphs_compiled())
-    return {"loss": loss, "grads": grads, "graphs": graphs, "keys": sorted(step.engine.module.state_dict())}
+    return {"loss": loss, "grads": grads, "graphs": graphs, "keys": sorted(step.model.state_dict())}
 
 
 def test_compiled_encoders_give_the_eager_gradients_and_compile_once():
@@ -226,7 +224,12 @@ def test_compiled_encoders_give_the_eager_gradients_and_compile_once():
         assert eager[rank]["graphs"] == [0, 0, 0]
 
 
-def test_compiled_encoders_are_refused_under_zero3():
-    from infcl_ds.engine import ContrastiveEngine
-    with pytest.raises(ValueError, match="ZeRO-3"):
-        ContrastiveEngine.create(Tiny(), _config(3), CHUNK, compile_backend="aot_eager")
+def test_compiled_encoders_are_refused_under_zero3_in_the_recipe_s_words():
+    from infcl_ds.config.recipe import compile_stage_refusal
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
+    model = Tiny()
+    with pytest.raises(ValueError) as refused:
+        ContrastiveEngine.create(model, _config(3), EngineSettings(CHUNK, compile_backend="aot_eager"))
+    assert str(refused.value) == compile_stage_refusal(3)
+    assert "model.compile" in str(refused.value) and "zero.stage=3" in str(refused.value)
+    assert model.logit_scale.dim() == 0  # refused before the model was changed (DeepSpeed's [1])

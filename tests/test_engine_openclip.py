@@ -49,20 +49,20 @@ def _engine_run(rank, world, stage, output_dict):
     """Gradients of one chunked step, then the parameters after 2 SGD steps."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     images, texts = batch()
     local = (images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
     model = _model()
     model.output_dict = output_dict
-    step = ContrastiveEngine.create(model, _config(stage), CHUNK, loss_fn=exact_loss(),
+    step = ContrastiveEngine.create(model, _config(stage), EngineSettings(CHUNK), loss_fn=exact_loss(),
                                     optimizer=torch.optim.SGD(model.parameters(), lr=LR))
     out = {"loss": step.forward_backward(*local).item()}
-    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
-    step.engine.step()
+    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.model.named_parameters()}
+    step.deepspeed.step()
     step._clamp_logit_scale(math.log(100.0))
     step.train_step(*local)
     out["sgd"] = {}
-    for n, p in step.engine.module.named_parameters():
+    for n, p in step.model.named_parameters():
         master = safe_get_full_fp32_param(p)  # None without a ZeRO optimizer: the parameter is it
         out["sgd"][n] = (master if master is not None else p.detach()).clone()
     return out

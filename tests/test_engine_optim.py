@@ -63,13 +63,13 @@ def _weight_offsets(rank, world, stage):
     """Every parameter's address modulo 16 bytes as the forward sees it (ZeRO-3: gathered)."""
     from devices import exact_loss
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     from infcl_ds.models import create_model
     model = create_model("infcl-tiny", seed=0)
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": stage}}
-    step = ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(),
-                                     optimizer=clip_adamw(model, OptimizerSection(lr=1e-3)))
+    step = ContrastiveEngine.create(model, config, EngineSettings(4), loss_fn=exact_loss(),
+                                    optimizer=clip_adamw(model, OptimizerSection(lr=1e-3)))
     offsets = {}
 
     def recorder(prefix):
@@ -99,7 +99,7 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
     import infcl_ds.engine.params as params
     from devices import exact_loss
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     from infcl_ds.models import create_model
     from infcl_ds.training import checkpoint
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
@@ -107,7 +107,7 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
 
     def engine():
         model = create_model("infcl-tiny", seed=0)
-        return ContrastiveEngine.create(model, config, 4, loss_fn=exact_loss(),
+        return ContrastiveEngine.create(model, config, EngineSettings(4), loss_fn=exact_loss(),
                                         optimizer=clip_adamw(model, OptimizerSection(lr=1e-3)))
     aligned = params.align_for_flat_buffers
     if save_in_old_order:  # the optimizer groups as they were packed before the alignment order
@@ -115,10 +115,10 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
     writer = engine()
     params.align_for_flat_buffers = aligned
     writer.forward_backward(torch.randn(4, 3, 16, 16), torch.randint(0, 1000, (4, 16)))
-    writer.engine.step()
-    checkpoint.save(writer.engine, tmp, 1, {"rng": checkpoint.rng_state()}, rank)
+    writer.deepspeed.step()
+    checkpoint.save(writer.deepspeed, tmp, 1, {"rng": checkpoint.rng_state()}, rank)
     try:
-        checkpoint.load(engine().engine, checkpoint.resolve_tag(tmp), rank)
+        checkpoint.load(engine().deepspeed, checkpoint.resolve_tag(tmp), rank)
     except checkpoint.CheckpointError as err:
         return str(err)
     return "loaded"

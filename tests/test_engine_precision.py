@@ -51,15 +51,14 @@ def reference_grad():
 def _bf16_grad(rank, world, fp32_sum):
     from deepspeed.utils import safe_get_full_grad
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     model = Wide()
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, CHUNK, loss_fn=exact_loss(),
-                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                    grad_accum_fp32=fp32_sum)
+    step = ContrastiveEngine.create(model, config, EngineSettings(CHUNK, grad_accum_fp32=fp32_sum),
+                                    loss_fn=exact_loss(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     step.forward_backward(*inputs())
-    return safe_get_full_grad(step.engine.module.visual.weight).double()
+    return safe_get_full_grad(step.model.visual.weight).double()
 
 
 def test_bf16_chunk_gradients_sum_in_fp32():
@@ -93,12 +92,12 @@ def test_fp32_sum_keeps_what_a_bf16_sum_drops():
 def _clamped(rank, world, stage, dtype):
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     model = Wide(logit_scale=math.log(150.0))
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": dtype == "bf16"}, "zero_optimization": {"stage": stage},
               "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, 8, loss_fn=exact_loss(),
+    step = ContrastiveEngine.create(model, config, EngineSettings(8), loss_fn=exact_loss(),
                                     optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
     images, texts = inputs()
     param = step.model.logit_scale
@@ -112,7 +111,7 @@ def _clamped(rank, world, stage, dtype):
         # train_step's parts, to read what the optimizer step wrote back before the clamp:
         # from the second step on, that is the master copy the first clamp must have reached.
         step.forward_backward(images[:16], texts[:16])
-        step.engine.step()
+        step.deepspeed.step()
         written_back = working()
         step._clamp_logit_scale(math.log(100.0))
         master = safe_get_full_fp32_param(param)

@@ -44,22 +44,22 @@ def batch():
 def _engine_run(rank, world, stage, kind):
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     images, texts = batch()
     local = (images[rank * LOCAL:(rank + 1) * LOCAL], texts[rank * LOCAL:(rank + 1) * LOCAL])
     model = MODELS[kind]()
     config = {"train_micro_batch_size_per_gpu": CHUNK, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
-    step = ContrastiveEngine.create(model, config, CHUNK, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                                    loss="siglip", loss_fn=exact_loss("siglip"))
+    step = ContrastiveEngine.create(model, config, EngineSettings(CHUNK, loss="siglip"),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loss_fn=exact_loss("siglip"))
     out = {"loss": step.forward_backward(*local).item()}
-    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.engine.module.named_parameters()}
-    step.engine.step()
+    out["grads"] = {n: safe_get_full_grad(p).clone() for n, p in step.model.named_parameters()}
+    step.deepspeed.step()
     step._clamp_logit_scale(math.log(100.0))
     for _ in range(2):
         step.train_step(*local)
     out["sgd"] = {}
-    for n, p in step.engine.module.named_parameters():
+    for n, p in step.model.named_parameters():
         master = safe_get_full_fp32_param(p)
         out["sgd"][n] = (master if master is not None else p.detach()).clone()
     return out
@@ -104,13 +104,13 @@ def test_chunked_siglip_steps_equal_plain_steps(stage, kind):
 
 
 def test_loss_and_model_must_agree():
-    from infcl_ds.engine import ContrastiveEngine
+    from infcl_ds.engine import ContrastiveEngine, EngineSettings
     with pytest.raises(ValueError, match="model.loss"):
-        ContrastiveEngine.create(TinySigLip(), {}, CHUNK, loss="clip")
+        ContrastiveEngine.create(TinySigLip(), {}, EngineSettings(CHUNK, loss="clip"))
     plain = TinySigLip()
     plain.logit_bias = None
     with pytest.raises(ValueError, match="needs a model with a logit_bias"):
-        ContrastiveEngine.create(plain, {}, CHUNK, loss="siglip")
+        ContrastiveEngine.create(plain, {}, EngineSettings(CHUNK, loss="siglip"))
 
 
 def test_recipe_key_model_loss():

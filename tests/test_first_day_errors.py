@@ -9,6 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
+from devices import DEVICE
+from dist_utils import run_ranks
 from launch_utils import TINY, data_check, start_ranks, wait_all
 
 from infcl_ds.config import RecipeError, load_recipe
@@ -17,7 +19,7 @@ from infcl_ds.data.sources import MAX_CSV_FIELD_CHARS, CsvSource
 from infcl_ds.data.webdataset_source import TarSource
 from infcl_ds.shown import shown
 from infcl_ds.training import checkpoint
-from infcl_ds.training.divergence import DivergedError, check_step, check_weights, nonfinite_features
+from infcl_ds.training.divergence import DivergedError, check_step, check_weights
 from infcl_ds.training.recipe_change import summary, trajectory_changes
 from infcl_ds.training.safe_load import CheckpointError
 from infcl_ds.training.state_mismatch import summarize
@@ -51,15 +53,73 @@ def test_divergence_is_decided_from_values_every_rank_shares(tmp_path):
     with pytest.raises(DivergedError, match=r"^step 4: the run diverged: the gradient norm is inf; .*; the last "
                                             r"checkpoint is step_00000002$"):
         check_step(4, torch.tensor(1.0), float("inf"), checkpoints)
-    err = ValueError("image_features contains NaN or Inf (pass check_finite=False to skip this check)")
-    assert nonfinite_features(err) == "image_features contains NaN or Inf"
-    assert nonfinite_features(ValueError("batch mismatch")) is None
     good, bad = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     check_weights(good.parameters(), 5, checkpoints, torch.device("cpu"), world=1)
     with torch.no_grad():
         bad.weight[0, 0] = float("inf")
     with pytest.raises(DivergedError, match="weights are no longer finite after the optimizer step, not saved"):
         check_weights(bad.parameters(), 5, checkpoints, torch.device("cpu"), world=1)
+
+
+def test_features_that_cannot_give_a_finite_loss_are_a_value_error_of_their_own_type():
+    """The trainer tells a diverged step by the type, not the words; API callers still catch
+    ValueError, with the advice for them in the message and not in `problem`."""
+    import pickle
+
+    from infcl_ds import contrastive_loss, sigmoid_loss
+    from infcl_ds.validation import NonFiniteFeaturesError
+    x = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
+    nan = x.clone()
+    nan[1, 2] = float("nan")
+    for call, problem in [(lambda: contrastive_loss(nan, x, 10.0), "image_features contains NaN or Inf"),
+                          (lambda: contrastive_loss(x, x, float("inf")), "logit_scale contains NaN or Inf"),
+                          (lambda: sigmoid_loss(x, x, 10.0, float("nan")), "logit_bias contains NaN or Inf"),
+                          (lambda: contrastive_loss(x * 1e20, x * 1e20, 10.0), "features too large for finite logits")]:
+        with pytest.raises(NonFiniteFeaturesError) as err:
+            call()
+        assert isinstance(err.value, ValueError) and err.value.problem.startswith(problem), err.value.problem
+        assert "(" not in err.value.problem and str(err.value).startswith(err.value.problem + " (")
+        copy = pickle.loads(pickle.dumps(err.value))  # a spawned rank's result
+        assert type(copy) is NonFiniteFeaturesError and (str(copy), copy.problem) == (str(err.value), err.value.problem)
+    with pytest.raises(ValueError) as err:
+        contrastive_loss(x, x[:3], 10.0)
+    assert type(err.value) is ValueError  # a caller's mistake, not a divergence
+
+
+def _bad_rank(rank, world, problems):
+    """The loss over 2 ranks with rank r's features spoiled as problems[r] says ("nan", "rows"
+    for a batch mismatch, None); what each rank raised: its type, message and problem."""
+    from infcl_ds import contrastive_loss
+    g = torch.Generator().manual_seed(rank)
+    image, text = (torch.nn.functional.normalize(torch.randn(4, 8, generator=g), dim=-1).to(DEVICE) for _ in "it")
+    if problems[rank] == "nan":
+        image[0, 0] = float("nan")
+    elif problems[rank] == "rows":
+        text = text[:3]
+    try:
+        contrastive_loss(image, text, 10.0)
+    except ValueError as err:
+        return type(err).__name__, str(err), getattr(err, "problem", None)
+    return None
+
+
+@pytest.mark.gpu
+def test_non_finite_features_on_one_rank_are_that_type_on_every_rank():
+    """check_across_ranks shares each rank's problem with its kind: a NaN on one rank is a
+    NonFiniteFeaturesError on both, naming the rank; with a caller's mistake on the other rank,
+    a plain ValueError on both."""
+    nan_on_1 = run_ranks(_bad_rank, 2, [None, "nan"])
+    for rank in range(2):
+        kind, message, problem = nan_on_1[rank]
+        assert kind == "NonFiniteFeaturesError", nan_on_1
+        assert problem == "contrastive_loss: bad input on rank 1: image_features contains NaN or Inf", problem
+        assert message.startswith(problem + " (pass check_finite=False")
+    assert nan_on_1[0] == nan_on_1[1]
+    mixed = run_ranks(_bad_rank, 2, ["rows", "nan"])
+    for rank in range(2):
+        kind, message, problem = mixed[rank]
+        assert kind == "ValueError" and problem is None, mixed
+        assert "rank 0: batch mismatch" in message and "rank 1: image_features contains NaN or Inf" in message
 
 
 @pytest.mark.slow

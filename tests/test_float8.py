@@ -131,13 +131,12 @@ def _float8_step(rank, world, setting):
                                                              "batch.global=32", "batch.chunk=16", "model.compile=false",
                                                              # float8's setting on GPUs: bf16 towers
                                                              *(["precision.dtype=bf16"] if GPU else [])])
-    built = build_engine(recipe, world, DEVICE, rank=rank)
+    engine = build_engine(recipe, world, DEVICE, rank=rank)
     g = torch.Generator().manual_seed(rank)
     images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=g).float().div(255).to(DEVICE)
     texts = torch.randint(1, 49000, (16, 16), generator=g).to(DEVICE)
-    model = built.engine.model
-    kinds = {type(m).__name__ for m in model.modules()}
-    loss = built.engine.train_step(images, texts)
+    kinds = {type(m).__name__ for m in engine.model.modules()}
+    loss = engine.train_step(images, texts)
     return float(loss), "Float8Linear" in kinds
 
 

@@ -17,7 +17,9 @@ SETS = [
     (["data.source=csv", "data.train=7"], "data.train must be a path or a list of paths, got int 7"),
     (["zero.overrides=[1,2]"], r"zero.overrides must be a mapping, got \[1, 2\]"),
     (["zero.overrides=abc"], "zero.overrides must be a mapping, got 'abc'"),
-    (["zero.overrides={zero_optimization: 5}"], "zero.overrides.zero_optimization must be a mapping, got 5"),
+    (["deepspeed.overrides=abc"], "deepspeed.overrides must be a mapping, got 'abc'"),
+    (["deepspeed.overrides={data_types: 5}"], "deepspeed.overrides.data_types must be a mapping, got 5"),
+    (["zero.overrides={bf16: {enabled: false}}"], r"zero.overrides.bf16 is not a ZeRO key .*deepspeed.overrides"),
     (["zero.base_config=/etc/passwd"], "zero.base_config /etc/passwd line 1 is not a JSON DeepSpeed config"),
     (["optimizer.weight_decay=-5"], "optimizer.weight_decay must be >= 0"),
     (["schedule.min_lr_ratio=5"], "schedule.min_lr_ratio must be <= 1"),
@@ -37,7 +39,7 @@ SETS = [
      r"data.synthetic_size=100 is smaller than one global batch \(batch.global=512\)"),
     (["schedule.warmup_steps=500"], r"schedule.warmup_steps must be in \[0, schedule.steps=200\]"),
     (["optimizer.lr=[1"], r"--set 'optimizer.lr=\[1': not a YAML value"),
-    (["model.compile=true", "zero.stage=3"], "model.compile=true is not supported with zero.stage=3"),
+    (["model.compile=true", "zero.stage=3"], "model.compile is not supported with zero.stage=3"),
 ]
 FILES = [
     ("", "is empty"),
@@ -180,9 +182,9 @@ def test_set_values_follow_the_recipe_files_yaml_rules(assignment, match):
 def test_quoted_keys_anchors_and_safe_tags_still_load(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     # An anchor nobody refers to is harmless; a quoted "on" is the string.
-    recipe.write_text("model: &m\n  seed: 3\nzero:\n  overrides: {'on': 1, wall_clock_breakdown: !!bool true}\n")
+    recipe.write_text("model: &m\n  seed: 3\ndeepspeed:\n  overrides: {'on': 1, wall_clock_breakdown: !!bool true}\n")
     loaded = load_recipe(recipe)
-    assert loaded.model.seed == 3 and loaded.zero.overrides == {"on": 1, "wall_clock_breakdown": True}
+    assert loaded.model.seed == 3 and loaded.deepspeed.overrides == {"on": 1, "wall_clock_breakdown": True}
     with pytest.raises(Exception, match="could not determine a constructor"):
         load_recipe(None, ["zero.overrides=!!python/object/apply:os.system ['true']"])
 

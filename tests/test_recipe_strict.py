@@ -133,19 +133,19 @@ def test_the_image_bytes_bound_is_the_largest_image_a_source_reads():
 # -- the DeepSpeed settings: NVMe directories, a base config of one's own --------------------
 
 def _nvme(offload: str, path) -> str:
-    return f"zero.overrides={{zero_optimization: {{{offload}: {{device: nvme, nvme_path: {path}}}}}}}"
+    return f"zero.overrides={{{offload}: {{device: nvme, nvme_path: {path}}}}}"
 
 
 def test_an_nvme_offload_directory_is_checked_at_load(tmp_path):
     missing, file = tmp_path / "missing", tmp_path / "file"
     file.write_text("")
     for offload in ("offload_optimizer", "offload_param"):
-        key = f"zero.overrides.zero_optimization.{offload}.nvme_path"
+        key = f"zero.overrides.{offload}.nvme_path"
         _load_refused(None, [_nvme(offload, missing)], f"^recipe: {re.escape(key)} {missing} does not exist$")
         _load_refused(None, [_nvme(offload, file)], f"^recipe: {re.escape(key)} {file} is not a directory$")
-        assert load_recipe(None, [_nvme(offload, tmp_path)]).zero.overrides["zero_optimization"][offload]
-    _load_refused(None, ["zero.overrides={zero_optimization: {offload_param: {device: nvme}}}"],
-                  r"^recipe: zero.overrides.zero_optimization.offload_param.nvme_path must be a directory for "
+        assert load_recipe(None, [_nvme(offload, tmp_path)]).zero.overrides[offload]
+    _load_refused(None, ["zero.overrides={offload_param: {device: nvme}}"],
+                  r"^recipe: zero.overrides.offload_param.nvme_path must be a directory for "
                   r"device nvme, got None$")
     base = tmp_path / "base.json"
     base.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {
@@ -162,10 +162,46 @@ def test_a_base_config_of_ones_own_holds_none_of_the_recipes_keys(tmp_path, key,
     base.write_text(json.dumps({key: {"type": "X"}, "zero_optimization": {"stage": 2}}))
     _load_refused(None, [f"zero.base_config={base}"],
                   f"^recipe: zero.base_config {base}: {key} is set by the recipe; use {re.escape(instead)}$")
-    _load_refused(None, [f"zero.overrides={{{key}: 1}}"],  # the same rule, the same words
-                  f"^recipe: zero.overrides.{key} is set by the recipe; use {re.escape(instead)}$")
+    _load_refused(None, [f"deepspeed.overrides={{{key}: 1}}"],  # the same rule, the same words
+                  f"^recipe: deepspeed.overrides.{key} is set by the recipe; use {re.escape(instead)}$")
     base.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": False}}))
     assert load_recipe(None, [f"zero.base_config={base}"]).zero.base_config == str(base)
+
+
+def test_zero_overrides_reach_zero_optimization_and_deepspeed_overrides_the_whole_config():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from infcl_ds.config import build_deepspeed_config
+    plain = build_deepspeed_config(load_recipe(None, []), 2)
+    recipe = load_recipe(None, ["zero.overrides={reduce_bucket_size: 1000, offload_optimizer: {device: cpu}}",
+                                "deepspeed.overrides={wall_clock_breakdown: true, flops_profiler: {enabled: true}}"])
+    config = build_deepspeed_config(recipe, 2)
+    assert config["zero_optimization"] == dict(plain["zero_optimization"], reduce_bucket_size=1000,
+                                               offload_optimizer={"device": "cpu"})
+    assert config == dict(plain, zero_optimization=config["zero_optimization"], wall_clock_breakdown=True,
+                          flops_profiler={"enabled": True})
+    DeepSpeedZeroConfig(**config["zero_optimization"])  # DeepSpeed takes the block as written
+
+
+@pytest.mark.parametrize("assignment,match", [
+    # An old recipe's whole-config key under zero.overrides: the section that takes it.
+    ("zero.overrides={wall_clock_breakdown: true}",
+     r"zero.overrides.wall_clock_breakdown is not a ZeRO key \(zero.overrides is merged into zero_optimization only\); "
+     r"a key of the whole DeepSpeed config goes in deepspeed.overrides.wall_clock_breakdown"),
+    ("zero.overrides={bf16: {enabled: false}}",
+     r"zero.overrides.bf16 is not a ZeRO key \(.*the whole config's keys go in deepspeed.overrides\), and bf16 is set "
+     r"by the recipe; use precision.dtype"),
+    ("zero.overrides={zero_optimization: {reduce_bucket_size: 1}}",
+     r"zero.overrides.zero_optimization: zero.overrides is merged into zero_optimization already; write its keys "
+     r"directly under zero.overrides"),
+    ("zero.overrides={reduce_bucket_sz: 1}", r"zero.overrides.reduce_bucket_sz is not a ZeRO key .*; did you mean "
+                                             r"zero.overrides.reduce_bucket_size\?$"),
+    ("zero.overrides={stage: 3}", r"zero.overrides.stage is set by the recipe; use zero.stage"),
+    ("deepspeed.overrides={zero_optimization: {reduce_bucket_size: 1}}",
+     r"deepspeed.overrides.zero_optimization: ZeRO's keys go in zero.overrides"),
+])
+def test_each_override_section_refuses_the_other_s_keys_in_one_line(assignment, match):
+    _load_refused(None, [assignment], "^recipe: " + match)
 
 
 # -- model.float8 on a CPU rank ------------------------------------------------------------

@@ -224,12 +224,12 @@ def _first_step_moves(rank, world, run_dir):
     for warmup in (0, 1, 20):
         trainer = Trainer(_recipe(Path(run_dir) / f"w{warmup}", ["schedule.steps=40",
                                                                  f"schedule.warmup_steps={warmup}"]))
-        engine = trainer.step_engine
+        engine = trainer.engine
         before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
-        lr = engine.engine.get_lr()[0]
+        lr = engine.deepspeed.get_lr()[0]
         engine.train_step(next(trainer._batches()))
         moved = [n for n, p in engine.model.named_parameters() if not torch.equal(p.detach(), before[n])]
-        out[warmup] = (lr, len(moved), len(before), engine.engine.get_lr()[0])
+        out[warmup] = (lr, len(moved), len(before), engine.deepspeed.get_lr()[0])
     return out
 
 

@@ -34,7 +34,7 @@ SETTINGS = SYNTHETIC + ["precision.dtype=fp32", "optimizer.eps=1e-3", f"schedule
 CASES = [(0, 1, 2), (1, 2, 1), (2, 1, 2), (3, 2, 4)]
 HOSTILE = (1, 2, 1)  # its checkpoint, with a pickle that runs code, is also resumed: refused
 # An NVMe path that exists: the recipe refuses a missing one at load, before the resume's check.
-NVME = "zero.overrides={zero_optimization: {offload_optimizer: {device: nvme, nvme_path: /tmp}}}"
+NVME = "zero.overrides={offload_optimizer: {device: nvme, nvme_path: /tmp}}"
 
 
 def _recipe(run_dir, stage, extra=()):
@@ -146,7 +146,7 @@ def _train(rank, world, jobs):
                 trainer = Trainer(_recipe(run_dir, stage), resume=tag)
                 start = trainer.step
                 if tag:
-                    states["digests"] = _state_digests(trainer.step_engine.engine)
+                    states["digests"] = _state_digests(trainer.engine.deepspeed)
                 trainer.run()
         finally:
             checkpoint.save = save

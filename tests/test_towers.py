@@ -217,8 +217,8 @@ def test_recipe_key_gelu_epilogue_reaches_the_engine(monkeypatch, setting):
     class Stop(Exception):
         pass
 
-    def create(cls, model, *args, **kwargs):
-        seen.update(kwargs)
+    def create(cls, model, ds_config, settings, **kwargs):
+        seen["settings"] = settings
         raise Stop  # what is given is all this test needs: no DeepSpeed set-up
 
     monkeypatch.setattr(ContrastiveEngine, "create", classmethod(create))
@@ -226,4 +226,4 @@ def test_recipe_key_gelu_epilogue_reaches_the_engine(monkeypatch, setting):
                                                              *([f"model.gelu_epilogue={setting}"] if setting else [])])
     with pytest.raises(Stop):
         build_engine(recipe, 1, torch.device("cpu"))
-    assert seen["gelu_epilogue"] is (setting is None)
+    assert seen["settings"].gelu_epilogue is (setting is None)

@@ -83,20 +83,21 @@ def test_wrong_type_and_choice():
         load_recipe(TINY, ["zero.stage=4"])
 
 
-@pytest.mark.parametrize("overrides,match", [
-    ("gradient_accumulation_steps: 4", r"zero.overrides.gradient_accumulation_steps is set by the recipe; use batch.global"),
-    ("bf16: {enabled: false}", r"zero.overrides.bf16 is set by the recipe; use precision.dtype"),
-    ("zero_optimization: {stage: 3}", r"zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage"),
-    ("data_types: {grad_accum_dtype: fp32}", r"grad_accum_dtype is not supported with bf16"),
+@pytest.mark.parametrize("section,overrides,match", [
+    ("deepspeed", "gradient_accumulation_steps: 4",
+     r"deepspeed.overrides.gradient_accumulation_steps is set by the recipe; use batch.global"),
+    ("deepspeed", "bf16: {enabled: false}", r"deepspeed.overrides.bf16 is set by the recipe; use precision.dtype"),
+    ("zero", "stage: 3", r"zero.overrides.stage is set by the recipe; use zero.stage"),
+    ("deepspeed", "data_types: {grad_accum_dtype: fp32}", r"grad_accum_dtype is not supported with bf16"),
 ])
-def test_overrides_cannot_change_what_the_recipe_owns(tmp_path, overrides, match):
+def test_overrides_cannot_change_what_the_recipe_owns(tmp_path, section, overrides, match):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"precision: {{dtype: bf16}}\nzero:\n  stage: 1\n  overrides: {{{overrides}}}\n")
+    recipe.write_text("precision: {dtype: bf16}\nzero:\n  stage: 1\n")
     with pytest.raises(RecipeError, match=match):
-        load_recipe(recipe)
+        load_recipe(recipe, [f"{section}.overrides={{{overrides}}}"])
     # Keys DeepSpeed owns alone pass through.
-    recipe.write_text("zero:\n  stage: 2\n  overrides: {zero_optimization: {reduce_bucket_size: 1000000}}\n")
-    assert load_recipe(recipe).zero.overrides == {"zero_optimization": {"reduce_bucket_size": 1000000}}
+    recipe.write_text("zero:\n  stage: 2\n  overrides: {reduce_bucket_size: 1000000}\n")
+    assert load_recipe(recipe).zero.overrides == {"reduce_bucket_size": 1000000}
 
 
 def test_cli_refuses_a_bad_recipe_before_any_work(capsys):

@@ -6,11 +6,16 @@ batch) and encodes them ``batch.chunk`` at a time. The engine does the chunking 
 reduces gradients once per step, so DeepSpeed sees ``train_micro_batch_size_per_gpu = chunk``,
 ``gradient_accumulation_steps = 1`` and ``train_batch_size = chunk * world``; those keys only
 satisfy DeepSpeed's arithmetic check and its throughput timer, they do not size anything.
+
+Two overrides, merged last: ``zero.overrides`` into the ``zero_optimization`` block (ZeRO's own
+keys, DeepSpeedZeroConfig's), ``deepspeed.overrides`` into the whole config (any other key but
+those the recipe sets).
 """
 import copy
+import difflib
 import json
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from ..resources import package_file
 from ..shown import shown
@@ -65,27 +70,58 @@ def _holds(config: Dict[str, Any], key: str) -> bool:
 
 
 def _written_at(recipe: Recipe, base: Dict[str, Any], key: str) -> str:
-    """Where the DeepSpeed `key` (dotted) is written, for a message: zero.overrides, else the
-    base config, else (nowhere) zero.overrides, where it would go."""
-    if _holds(base, key) and not _holds(recipe.zero.overrides, key):
-        return f"zero.base_config {recipe.zero.base_config or f'zero{recipe.zero.stage}.json'}: {key}"
+    """Where the ZeRO `key` (dotted, inside zero_optimization) is written, for a message:
+    zero.overrides, else the base config, else (nowhere) zero.overrides, where it would go."""
+    if _holds(base, f"zero_optimization.{key}") and not _holds(recipe.zero.overrides, key):
+        base_name = recipe.zero.base_config or f"zero{recipe.zero.stage}.json"
+        return f"zero.base_config {base_name}: zero_optimization.{key}"
     return f"zero.overrides.{key}"
+
+
+def _zero_keys() -> List[str]:
+    """The keys of DeepSpeed's zero_optimization block, as its DeepSpeedZeroConfig reads them."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    fields = DeepSpeedZeroConfig.model_fields
+    return sorted({name for name in fields} | {field.alias for field in fields.values() if field.alias})
+
+
+def _check_zero_overrides(recipe: Recipe) -> None:
+    """zero.overrides holds only ZeRO's keys: DeepSpeed refuses any other inside zero_optimization,
+    with a traceback half-way through its start-up. A key of the whole config (bf16,
+    wall_clock_breakdown) is named with the section that takes it."""
+    if not recipe.zero.overrides:
+        return  # no DeepSpeed import for a recipe without ZeRO overrides
+    known = _zero_keys()
+    for key in recipe.zero.overrides:
+        if key in known:
+            continue
+        if key == "zero_optimization":
+            raise RecipeError("recipe: zero.overrides.zero_optimization: zero.overrides is merged into "
+                              "zero_optimization already; write its keys directly under zero.overrides")
+        what = f"recipe: zero.overrides.{key} is not a ZeRO key (zero.overrides is merged into zero_optimization only"
+        owned = owned_key({key: None})
+        if owned:  # deepspeed.overrides would refuse it too: the recipe key to use
+            raise RecipeError(f"{what}; the whole config's keys go in deepspeed.overrides), and {owned}")
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        hint = (f"did you mean zero.overrides.{near[0]}?" if near else
+                f"a key of the whole DeepSpeed config goes in deepspeed.overrides.{key}")
+        raise RecipeError(f"{what}); {hint}")
 
 
 def _check_nvme_paths(recipe: Recipe, base: Dict[str, Any]) -> None:
     """Each ZeRO offload to NVMe names an existing directory (on the node that loads the recipe):
     DeepSpeed would fail on it half-way through its start-up, with a traceback."""
-    zero = _merge(base, recipe.zero.overrides).get("zero_optimization", {})
+    zero = base.get("zero_optimization", {})
+    zero = _merge(zero, recipe.zero.overrides) if isinstance(zero, dict) else recipe.zero.overrides
     for name in _OFFLOADS:
-        offload = zero.get(name) if isinstance(zero, dict) else None
+        offload = zero.get(name)
         if offload is None:
             continue
         if not isinstance(offload, dict):
-            raise RecipeError(f"recipe: {_written_at(recipe, base, f'zero_optimization.{name}')} must be a "
-                              f"mapping, got {shown(offload)}")
+            raise RecipeError(f"recipe: {_written_at(recipe, base, name)} must be a mapping, got {shown(offload)}")
         if offload.get("device") != "nvme":
             continue
-        path, where = offload.get("nvme_path"), _written_at(recipe, base, f"zero_optimization.{name}.nvme_path")
+        path, where = offload.get("nvme_path"), _written_at(recipe, base, f"{name}.nvme_path")
         if not isinstance(path, str) or not path:
             raise RecipeError(f"recipe: {where} must be a directory for device nvme, got {shown(path)}")
         if not Path(path).is_dir():
@@ -94,9 +130,10 @@ def _check_nvme_paths(recipe: Recipe, base: Dict[str, Any]) -> None:
 
 
 def check_deepspeed_config(recipe: Recipe) -> None:
-    """What the recipe's DeepSpeed settings can be checked for at load: the base config (a JSON
-    object of the recipe's ZeRO stage, holding none of the recipe's keys) and the NVMe offload
-    directories; RecipeError naming the key otherwise."""
+    """What the recipe's DeepSpeed settings can be checked for at load: zero.overrides' keys, the
+    base config (a JSON object of the recipe's ZeRO stage, holding none of the recipe's keys) and
+    the NVMe offload directories; RecipeError naming the key otherwise."""
+    _check_zero_overrides(recipe)
     _check_nvme_paths(recipe, base_config(recipe))
 
 
@@ -118,4 +155,5 @@ def build_deepspeed_config(recipe: Recipe, world_size: int) -> Dict[str, Any]:
     config = _merge(config, ours)
     if not bf16:
         config.pop("fp16", None)
-    return _merge(config, recipe.zero.overrides)
+    config = _merge(config, recipe.deepspeed.overrides)
+    return _merge(config, {"zero_optimization": recipe.zero.overrides}) if recipe.zero.overrides else config

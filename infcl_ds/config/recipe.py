@@ -93,16 +93,21 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
 
-# Why compile_supported says no, for the messages that refuse it.
-ZERO3_BREAKS_COMPILE = "its per-module parameter gathering breaks compiled graphs"
-
-
 def compile_supported(zero_stage: int) -> bool:
     """Whether the towers can be compiled (model.compile, engine/compile.py) under ZeRO
     ``zero_stage``: stages 0-2. ZeRO-3 gathers each module's parameters in hooks around its
     forward and backward, and those hooks break the compiled graphs. Stated here, with the
     recipe, so that the recipe's checks, the engine and the planner ask one place."""
     return zero_stage < 3
+
+
+def compile_stage_refusal(zero_stage: int) -> Optional[str]:
+    """Why model.compile cannot run under ZeRO `zero_stage` (compile_supported), one line naming
+    both keys, or None: the recipe's check and the engine's word it alike."""
+    if compile_supported(zero_stage):
+        return None
+    return (f"model.compile is not supported with zero.stage={zero_stage} (its per-module parameter gathering "
+            f"breaks compiled graphs): use zero.stage 0-2 or model.compile: false")
 
 
 def float8_supported(zero_stage: int) -> bool:
@@ -243,7 +248,14 @@ class PrecisionSection(Section):
 class ZeroSection(Section):
     stage: Literal[0, 1, 2, 3] = 2
     base_config: Optional[Text] = None           # default: infcl_ds/ds_configs/zero{stage}.json
-    overrides: Dict[str, Any] = {}               # merged into the DeepSpeed config last
+    # merged into the DeepSpeed config's zero_optimization block last (DeepSpeedZeroConfig's keys)
+    overrides: Dict[str, Any] = {}
+
+
+class DeepSpeedSection(Section):
+    # merged into the whole DeepSpeed config last; the keys the recipe sets are refused
+    # (_OWNED_DEEPSPEED_KEYS), and ZeRO's own go in zero.overrides
+    overrides: Dict[str, Any] = {}
 
 
 class CheckpointSection(Section):
@@ -292,6 +304,7 @@ class Recipe(Section):
     schedule: ScheduleSection = ScheduleSection()
     precision: PrecisionSection = PrecisionSection()
     zero: ZeroSection = ZeroSection()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
     checkpoint: CheckpointSection = CheckpointSection()
     logging: LoggingSection = LoggingSection()
     eval: EvalSection = EvalSection()
@@ -334,10 +347,9 @@ class Recipe(Section):
         float8_refused = float8_stage_refusal(self.model.float8, self.zero.stage)
         if float8_refused:
             raise ValueError(float8_refused)
-        if self.model.compile is True:
-            if not compile_supported(self.zero.stage):
-                raise ValueError(f"model.compile=true is not supported with zero.stage={self.zero.stage} "
-                                 f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile=false")
+        compile_refused = compile_stage_refusal(self.zero.stage) if self.model.compile is True else None
+        if compile_refused:
+            raise ValueError(compile_refused)
         _check_overrides(self)
         return self
 
@@ -363,12 +375,12 @@ _OWNED_DEEPSPEED_KEYS = {
     "optimizer": "optimizer.*",
 }
 # Sections of the DeepSpeed config that are mappings: an override must be one too.
-_MAPPING_DEEPSPEED_KEYS = ("zero_optimization", "data_types", "bf16", "fp16", "activation_checkpointing",
+_MAPPING_DEEPSPEED_KEYS = ("data_types", "bf16", "fp16", "activation_checkpointing",
                            "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor")
 
 
 def owned_key(config: Dict[str, Any]) -> Optional[str]:
-    """The first key of a DeepSpeed config (zero.overrides, a zero.base_config) that the recipe
+    """The first key of a DeepSpeed config (deepspeed.overrides, a zero.base_config) that the recipe
     sets itself, as the one line refusing it; None if there is none."""
     for key, instead in _OWNED_DEEPSPEED_KEYS.items():
         if key in config:
@@ -377,20 +389,25 @@ def owned_key(config: Dict[str, Any]) -> Optional[str]:
 
 
 def _check_overrides(recipe: Recipe) -> None:
-    overrides = recipe.zero.overrides
+    """The overrides' rules that need only the recipe; which keys zero.overrides may hold is
+    DeepSpeed's to say (config/deepspeed_config.py asks its DeepSpeedZeroConfig)."""
+    if "stage" in recipe.zero.overrides:
+        raise ValueError("zero.overrides.stage is set by the recipe; use zero.stage")
+    overrides = recipe.deepspeed.overrides
     owned = owned_key(overrides)
     if owned:
-        raise ValueError(f"zero.overrides.{owned}")
+        raise ValueError(f"deepspeed.overrides.{owned}")
+    if "zero_optimization" in overrides:
+        raise ValueError("deepspeed.overrides.zero_optimization: ZeRO's keys go in zero.overrides "
+                         "(merged into zero_optimization)")
     for key in _MAPPING_DEEPSPEED_KEYS:
         if key in overrides and not isinstance(overrides[key], dict):
-            raise ValueError(f"zero.overrides.{key} must be a mapping, got {shown(overrides[key])}")
-    if "stage" in overrides.get("zero_optimization", {}):
-        raise ValueError("zero.overrides.zero_optimization.stage is set by the recipe; use zero.stage")
+            raise ValueError(f"deepspeed.overrides.{key} must be a mapping, got {shown(overrides[key])}")
     accum = overrides.get("data_types", {}).get("grad_accum_dtype")
     if accum is not None and recipe.precision.dtype == "bf16":
         # DeepSpeed's own fp32 accumulation (BF16_Optimizer) cannot coalesce a step's chunks into
         # one reduction (NotImplementedError under ZeRO-1); the engine sums chunk gradients in fp32.
-        raise ValueError("zero.overrides.data_types.grad_accum_dtype is not supported with bf16; "
+        raise ValueError("deepspeed.overrides.data_types.grad_accum_dtype is not supported with bf16; "
                          "precision.grad_accum_fp32 (default true) sums the chunk gradients in fp32")
 
 

@@ -24,8 +24,12 @@ import torch
 
 # The towers of open_clip's models: CLIP (visual, transformer), CustomTextCLIP (visual, text).
 TOWER_NAMES = ("visual", "transformer", "text")
+# The backend model.compile runs (EngineSettings.from_recipe).
+COMPILE_BACKEND = "inductor"
 
-def compile_encoders(model: torch.nn.Module, backend: str = "inductor", options: Optional[dict] = None) -> List[str]:
+
+def compile_encoders(model: torch.nn.Module, backend: str = COMPILE_BACKEND,
+                     options: Optional[dict] = None) -> List[str]:
     """Compile `model`'s towers in place (`options`: the backend's, e.g. inductor's config keys);
     returns their names. ValueError if it has none."""
     towers = [name for name in TOWER_NAMES if isinstance(getattr(model, name, None), torch.nn.Module)]

@@ -15,15 +15,16 @@
 """
 import math
 from contextlib import contextmanager, nullcontext
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from .grad_sum import Fp32GradSum
 from .inputs import TensorBatch
-from .loss_adapter import LossAdapter, loss_adapter
+from .loss_adapter import loss_adapter
 from .phases import PhaseMeter
+from .settings import EngineSettings
 
 
 def _rng_state(device):
@@ -48,31 +49,20 @@ def engine_passes(chunks: int, zero_stage: int, offload_features: bool = False, 
 
 
 class ContrastiveEngine:
-    """Wraps a DeepSpeed engine around an open_clip-style model: ``forward(image, text)``
-    giving normalised features and exp(logit_scale) as open_clip's CLIP does, or just
+    """Wraps a DeepSpeed engine (``.deepspeed``) around an open_clip-style model: ``forward(image,
+    text)`` giving normalised features and exp(logit_scale) as open_clip's CLIP does, or just
     ``encode_image``, ``encode_text`` and a ``logit_scale`` parameter (see ``_encode``).
 
-    loss: a name in engine/loss_adapter.py's ADAPTERS ("clip", "siglip") or a LossAdapter;
-    loss_fn: another function in place of that loss's, same signature (benchmarks swap in
-    inf-cl's or OpenCLIP's). time_phases: time and peak memory per phase in ``phases.last``
-    (a device synchronisation at every phase boundary)."""
+    settings: its EngineSettings (engine/settings.py). loss_fn: another function in place of the
+    settings' loss's, same signature (benchmarks swap in inf-cl's or OpenCLIP's). group: the ranks
+    the loss runs over, DeepSpeed's data-parallel ones (default: the world)."""
 
-    def __init__(self, ds_engine, chunk_size: int, group=None, world_size: Optional[int] = None,
-                 verify_replay: bool = False, offload_features: bool = False, grad_accum_fp32: bool = True,
-                 loss_fn=None, time_phases: bool = False, loss: Union[str, LossAdapter] = "clip"):
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.loss = loss_adapter(loss, loss_fn)
-        self.engine = ds_engine
-        self.chunk_size = chunk_size
-        # Cached features and their gradients wait in pinned host memory during the encoder
-        # passes (the paper's setting for its largest batches); on the GPU only for the loss.
-        self.offload_features = offload_features
-        self.grad_accum_fp32 = grad_accum_fp32
-        self.phases = PhaseMeter(enabled=time_phases)
-        # Debug aid: check that each re-encoded chunk reproduces its cached features (dropout,
-        # random augmentation replayed); a mismatch means the cached gradients are stale.
-        self.verify_replay = verify_replay
+    def __init__(self, deepspeed_engine, settings: EngineSettings, group=None, world_size: Optional[int] = None,
+                 loss_fn=None):
+        self.deepspeed = deepspeed_engine
+        self.settings = settings
+        self.loss = loss_adapter(settings.loss, loss_fn)
+        self.phases = PhaseMeter(enabled=settings.time_phases)
         self.group = group
         if world_size is None:
             import torch.distributed as torch_dist
@@ -80,47 +70,44 @@ class ContrastiveEngine:
         self.world_size = world_size
 
     @classmethod
-    def create(cls, model, config: dict, chunk_size: int, optimizer=None, group=None, verify_replay=False,
-               offload_features=False, grad_accum_fp32=True, loss_fn=None, time_phases=False, loss="clip",
-               compile_backend=None, float8=False, gelu_epilogue=True, **ds_kwargs):
+    def create(cls, model, ds_config: dict, settings: EngineSettings, *, optimizer=None, group=None, loss_fn=None,
+               **ds_kwargs) -> "ContrastiveEngine":
         """Fix up the model's parameters for DeepSpeed, give its towers the fast forwards
-        (engine/towers.py), build the engine, wrap it. With `float8` (True or "emulate") the
-        towers' linear layers run in float8 (engine/float8.py); with `compile_backend` (e.g.
-        "inductor"), the encoders are then compiled (engine/compile.py). `gelu_epilogue`: the
-        no-grad passes' MLPs take c_fc's bias and GELU into the GEMM (engine/towers.py)."""
+        (engine/towers.py; the MLP epilogue with settings.gelu_epilogue), convert its linear
+        layers to float8 (settings.float8, engine/float8.py), compile its encoders
+        (settings.compile_backend, engine/compile.py), then build the DeepSpeed engine from
+        `ds_config` (`ds_kwargs`: more of deepspeed.initialize's arguments, e.g. lr_scheduler)
+        and wrap it."""
         import deepspeed
 
+        from ..config.recipe import compile_stage_refusal, float8_stage_refusal
         from .params import align_for_flat_buffers, mark_zero3_leaf_modules, promote_scalar_parameters
         from .towers import fast_tower_modules
-        adapter = loss_adapter(loss, loss_fn)
+        adapter = loss_adapter(settings.loss, loss_fn)
         if (getattr(model, "logit_bias", None) is not None) != adapter.uses_bias:
             raise ValueError(adapter.wrong_model)
+        stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+        # Before the model is changed: a refused engine leaves it as it was.
+        refusal = (float8_stage_refusal(settings.float8, stage)
+                   or (compile_stage_refusal(stage) if settings.compile_backend is not None else None))
+        if refusal:
+            raise ValueError(refusal)
         promote_scalar_parameters(model)
-        fast_tower_modules(model, mlp_epilogue=gelu_epilogue)  # the same function, fewer kernels (engine/towers.py)
-        stage = config.get("zero_optimization", {}).get("stage", 0)
-        zero3 = stage == 3
-        if float8:
-            from ..config.recipe import float8_stage_refusal
+        # The same function, fewer kernels (engine/towers.py).
+        fast_tower_modules(model, mlp_epilogue=settings.gelu_epilogue)
+        if settings.float8:
             from .float8 import float8_linears
-            refusal = float8_stage_refusal(float8, stage)
-            if refusal:
-                raise ValueError(refusal)
-            float8_linears(model, emulate=float8 == "emulate")
-        if compile_backend is not None:
-            from ..config.recipe import ZERO3_BREAKS_COMPILE, compile_supported
+            float8_linears(model, emulate=settings.float8 == "emulate")
+        if settings.compile_backend is not None:
             from .compile import compile_encoders
-            if not compile_supported(stage):
-                raise ValueError(f"compiled encoders (model.compile) are not supported under ZeRO-{stage} "
-                                 f"({ZERO3_BREAKS_COMPILE}): use zero.stage 0-2 or model.compile: false")
-            compile_encoders(model, compile_backend)
-        if zero3:
+            compile_encoders(model, settings.compile_backend)
+        if stage == 3:
             mark_zero3_leaf_modules(model)
         if optimizer is not None:
-            align_for_flat_buffers(optimizer, zero3)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, **ds_kwargs)
-        wrapped = cls(engine, chunk_size, group, verify_replay=verify_replay, offload_features=offload_features,
-                      grad_accum_fp32=grad_accum_fp32, time_phases=time_phases, loss=adapter)
-        dp = getattr(engine, "dp_world_size", wrapped.world_size)
+            align_for_flat_buffers(optimizer, stage == 3)
+        deepspeed_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, **ds_kwargs)
+        wrapped = cls(deepspeed_engine, settings, group, loss_fn=loss_fn)
+        dp = getattr(deepspeed_engine, "dp_world_size", wrapped.world_size)
         if dp != wrapped.world_size:
             # The feature gradients are scaled by the loss group's size to undo DeepSpeed's
             # average over its data-parallel ranks: the two must be the same ranks.
@@ -130,7 +117,7 @@ class ContrastiveEngine:
 
     @property
     def model(self):
-        return self.engine.module
+        return self.deepspeed.module
 
     @staticmethod
     def _check_replay(k, fi, cached_i, ft, cached_t):
@@ -142,7 +129,7 @@ class ContrastiveEngine:
     def _full(self, param, modify: bool = False):
         """The whole parameter inside the block (a no-op below ZeRO-3); with ``modify``, rank
         0's changes are written back to every shard on exit."""
-        if self.engine.zero_optimization_stage() < 3:
+        if self.deepspeed.zero_optimization_stage() < 3:
             return nullcontext()
         import deepspeed
         return deepspeed.zero.GatheredParameters([param], modifier_rank=0 if modify else None)
@@ -189,16 +176,16 @@ class ContrastiveEngine:
             yield self.model.logit_bias.float()
 
     def _chunks(self, n):
-        return [(i, min(i + self.chunk_size, n)) for i in range(0, n, self.chunk_size)]
+        return [(i, min(i + self.settings.chunk_size, n)) for i in range(0, n, self.settings.chunk_size)]
 
     @property
     def input_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.engine.bfloat16_enabled() else torch.float32
+        return torch.bfloat16 if self.deepspeed.bfloat16_enabled() else torch.float32
 
     def _store(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """A buffer for ``rows`` cached rows shaped like one chunk's features: on the device,
         or in pinned host memory with offload_features (then on the GPU only for the loss)."""
-        if not self.offload_features:
+        if not self.settings.offload_features:
             return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, device=like.device)
         return torch.empty((rows,) + like.shape[1:], dtype=like.dtype, pin_memory=like.is_cuda)
 
@@ -221,7 +208,7 @@ class ContrastiveEngine:
         after = _rng_state(device)
         with self.phases("loss"):
             loss, feat_grads, scalar_grads = self._loss_and_feature_grads(feats, device)
-        cached = feats if self.verify_replay else None
+        cached = feats if self.settings.verify_replay else None
         del feats
         with self.phases("reencode"):
             self._reencode_with_grad(batch, chunks, states, feat_grads, scalar_grads, device, cached)
@@ -229,7 +216,9 @@ class ContrastiveEngine:
         return loss
 
     def _one_pass_allowed(self) -> bool:
-        return engine_passes(1, self.engine.zero_optimization_stage(), self.offload_features, self.verify_replay) == 1
+        settings = self.settings
+        return engine_passes(1, self.deepspeed.zero_optimization_stage(), settings.offload_features,
+                             settings.verify_replay) == 1
 
     def _forward_backward_one_chunk(self, batch, chunk, device):
         lo, hi = chunk  # one chunk: its gradients need no fp32 sum across chunks
@@ -271,22 +260,23 @@ class ContrastiveEngine:
         for f in (img, txt):
             g = f.grad.mul_(self.world_size)
             f.grad = None
-            grads.append(self._store(g.shape[0], g).copy_(g, non_blocking=True) if self.offload_features else g)
+            offload = self.settings.offload_features
+            grads.append(self._store(g.shape[0], g).copy_(g, non_blocking=True) if offload else g)
         return loss.detach(), grads, (scale.grad, None if bias is None else bias.grad)
 
     def _reencode_with_grad(self, batch, chunks, states, feat_grads, scalar_grads, device, cached):
         """3. Re-encode each chunk with grad (RNG replayed) and backpropagate its cached feature
         gradients; one gradient reduction per step, summed in fp32 for bf16 models."""
-        stage = self.engine.zero_optimization_stage()
+        stage = self.deepspeed.zero_optimization_stage()
         grad_sum = self._grad_sum()
-        coalesce = self.engine.coalesce_grad_reduction() if stage >= 1 else nullcontext()
+        coalesce = self.deepspeed.coalesce_grad_reduction() if stage >= 1 else nullcontext()
         with coalesce:
             for k, ((lo, hi), state) in enumerate(zip(chunks, states)):
                 _set_rng_state(state, device)
                 last = k == len(chunks) - 1
                 if grad_sum is not None and last:
                     grad_sum.restore()
-                sync = nullcontext() if (stage >= 1 or last) else self.engine.no_sync()
+                sync = nullcontext() if (stage >= 1 or last) else self.deepspeed.no_sync()
                 with sync:
                     fi, ft, scale, bias = self._encode(*batch.chunk(lo, hi, device, self.input_dtype))
                     if cached is not None:
@@ -304,20 +294,20 @@ class ContrastiveEngine:
         is the loss's."""
         surrogate = (fi * gi).float().sum() + (ft * gt).float().sum()
         if scalar_grads is None:
-            self.engine.backward(surrogate, scale_wrt_gas=False)
+            self.deepspeed.backward(surrogate, scale_wrt_gas=False)
             return
         scale_grad, bias_grad = scalar_grads
         with self._scale_in_graph(scale) as s, self._bias_in_graph(bias) as b:
             surrogate = surrogate + (s.float() * scale_grad).sum()
             if bias_grad is not None:
                 surrogate = surrogate + (b.float() * bias_grad).sum()
-            self.engine.backward(surrogate, scale_wrt_gas=False)
+            self.deepspeed.backward(surrogate, scale_wrt_gas=False)
 
     def _grad_sum(self):
         """fp32 sums of the chunk gradients for a bf16 model (ZeRO 0-2; see grad_sum.py)."""
-        if not (self.grad_accum_fp32 and self.engine.bfloat16_enabled()):
+        if not (self.settings.grad_accum_fp32 and self.deepspeed.bfloat16_enabled()):
             return None
-        if self.engine.zero_optimization_stage() >= 3:
+        if self.deepspeed.zero_optimization_stage() >= 3:
             # Between chunks a ZeRO-3 parameter holds only its shard, so a full-size sum cannot
             # be put back on it: chunk gradients add in bf16 there (docs/training.md).
             return None
@@ -328,7 +318,7 @@ class ContrastiveEngine:
         to ln(100), applied to the fp32 master copy (else the next step would undo it)."""
         loss = self.forward_backward(images, texts)
         with self.phases("optimizer"):
-            self.engine.step()
+            self.deepspeed.step()
             self._clamp_logit_scale(math.log(100.0))
         return loss
 
@@ -342,7 +332,7 @@ class ContrastiveEngine:
             safe_set_full_fp32_param(param, master.clamp(max=upper))
         # bf16 without ZeRO: FP16_UnfusedOptimizer keeps the fp32 copies in lists parallel
         # to the parameters', outside DeepSpeed's hp mapping (safe_get_* gives None).
-        optimizer = self.engine.optimizer
+        optimizer = self.deepspeed.optimizer
         for low, high in zip(getattr(optimizer, "fp16_groups", ()), getattr(optimizer, "fp32_groups", ())):
             for working, copy in zip(low, high):
                 if working is param and isinstance(copy, torch.Tensor) and copy.shape == param.shape:

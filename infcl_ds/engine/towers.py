@@ -142,7 +142,8 @@ def _swap_classes(model: nn.Module, wanted, new_class) -> int:
 def fast_tower_modules(model: nn.Module, attention: bool = True, patch_embedding: bool = True,
                        mlp_epilogue: bool = True) -> Dict[str, int]:
     """The fast forwards on `model` (all three unless one is turned off: launch/probe_towers.py
-    times them apart), in place; how many modules of each kind changed (none the second time)."""
+    times them apart), in place; how many modules of each kind changed (none the second time).
+    The engine always says which: `mlp_epilogue` is its settings' gelu_epilogue (model.gelu_epilogue)."""
     return {"attention": _swap_classes(model, _packable, PackedSelfAttention) if attention else 0,
             "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm) if patch_embedding else 0,
             "mlp_epilogue": _swap_classes(model, _epilogue_mlp, EpilogueGeluMlp) if mlp_epilogue else 0}

@@ -26,7 +26,8 @@ def apply_loss(function, name: str, image, text, logit_scale, logit_bias, group,
     (OpenCLIP's ClipLoss passes its bias to the CLIP loss, where it cancels), it is checked
     all the same (check_unused_logit_bias). Over several ranks, local problems are shared
     before any rank raises, so that no peer is left waiting in the ring; every rank then
-    raises the same ValueError, prefixed with ``name``."""
+    raises the same ValueError, prefixed with ``name`` (a NonFiniteFeaturesError where every
+    failing rank's was one, as on one rank)."""
     def validated():
         scale = check_features(image, text, logit_scale, check_finite)
         if not function.takes_bias:
@@ -39,8 +40,8 @@ def apply_loss(function, name: str, image, text, logit_scale, logit_bias, group,
     ring = Ring(group)
     try:
         scalars, error = validated(), None
-    except ValueError as err:
-        scalars, error = (torch.zeros(()),) * (2 if function.takes_bias else 1), str(err)
+    except ValueError as err:  # NonFiniteFeaturesError too: its type reaches every rank
+        scalars, error = (torch.zeros(()),) * (2 if function.takes_bias else 1), err
     bias = scalars[1] if function.takes_bias else None
     sizes = check_across_ranks(ring, image, text, scalars[0], error, bias=bias, loss_name=name)
     return function.apply(image, text, *scalars, options, ring, sizes)

@@ -5,12 +5,13 @@ that are no longer finite.
 Every signal used here is the same on every rank, so all ranks stop at the same step and none
 waits in a collective: the loss is the global one (the ring returns it to every rank),
 DeepSpeed's gradient norm is the global one, and the loss's own finiteness check of the
-features is shared across ranks before any rank raises (parallel.check_across_ranks). The
-check of the weights before a save is one all-reduce, where every rank is saving.
+features is shared across ranks before any rank raises (parallel.check_across_ranks): every
+rank raises validation.NonFiniteFeaturesError, which the trainer turns into `diverged(step,
+err.problem, ...)`. The check of the weights before a save is one all-reduce, where every rank
+is saving.
 """
 import math
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -21,8 +22,6 @@ class DivergedError(ValueError):
     """The run's numbers are no longer finite: the run cannot go on as configured."""
 
 
-# What the loss's input check says about features that cannot give a finite loss.
-_NONFINITE_FEATURES = ("contains NaN or Inf", "features too large for finite logits")
 ADVICE = "lower optimizer.lr or set optimizer.grad_clip"
 
 
@@ -33,15 +32,6 @@ def _last_checkpoint(checkpoint_dir: Path) -> str:
 
 def diverged(step: int, what: str, checkpoint_dir: Path) -> DivergedError:
     return DivergedError(f"step {step}: the run diverged: {what}; {ADVICE}; {_last_checkpoint(checkpoint_dir)}")
-
-
-def nonfinite_features(err: ValueError) -> Optional[str]:
-    """The loss's refusal of non-finite features, without its hint for API callers; None for
-    any other ValueError."""
-    text = str(err)
-    if not any(marker in text for marker in _NONFINITE_FEATURES):
-        return None
-    return text.split(" (pass check_finite")[0]
 
 
 def check_step(step: int, loss: torch.Tensor, grad_norm, checkpoint_dir: Path) -> None:

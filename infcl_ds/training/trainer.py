@@ -21,6 +21,7 @@ from ..engine.compile import graphs_compiled
 from ..eval import evaluate as evaluate_model
 from ..eval import metric_label
 from ..models import get_tokenizer, model_info
+from ..validation import NonFiniteFeaturesError
 from . import checkpoint, divergence, reshard
 from .build import build_engine
 from .distributed import collective_timeout_s, init_distributed
@@ -79,9 +80,9 @@ class Trainer:
         def check_disk(model):
             check_free_disk(self.run_dir, checkpoint_bytes(sum(p.numel() for p in model.parameters()),
                                                            recipe.precision.dtype))
-        self.step_engine = build_engine(recipe, self.world, self.device, rank=self.rank, ds_config=ds_config,
-                                        check_model=check_disk).engine
-        self.info = model_info(self.step_engine.model)
+        self.engine = build_engine(recipe, self.world, self.device, rank=self.rank, ds_config=ds_config,
+                                   check_model=check_disk)
+        self.info = model_info(self.engine.model)
         self.tokenizer = get_tokenizer(recipe.model.name)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
         # data's `auto` values resolved for this rank's device only (the recipe keeps "auto").
@@ -169,10 +170,10 @@ class Trainer:
     def _resume(self) -> None:
         if self.resharding:
             client = self.merged_client
-            reshard.load(self.step_engine.engine, self.resume_dir, client, self.saved_world, self.rank, self.device,
+            reshard.load(self.engine.deepspeed, self.resume_dir, client, self.saved_world, self.rank, self.device,
                          self.recipe.model.seed, self.trust_checkpoint)
         else:
-            client = checkpoint.load(self.step_engine.engine, self.resume_dir, self.rank, self.trust_checkpoint)
+            client = checkpoint.load(self.engine.deepspeed, self.resume_dir, self.rank, self.trust_checkpoint)
         self.step = client["step"]
         self.data.load_state_dict(client["data"])
 
@@ -193,7 +194,7 @@ class Trainer:
         logger = MetricsLogger(self.run_dir, self.rank == 0, r.logging.tensorboard, resume_step=self.step)
         bar = self._progress_bar()
         lap, batches = time.perf_counter(), self._batches()
-        engine = self.step_engine.engine
+        deepspeed_engine = self.engine.deepspeed
         results, start = {}, self.step
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
@@ -201,15 +202,12 @@ class Trainer:
                 self.watch.exit(self.rank)
             self.phase = f"step {self.step + 1}"
             batch = next(batches)
-            lr = engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
+            lr = deepspeed_engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             try:
-                loss = self.step_engine.train_step(batch)
-            except ValueError as err:  # raised on every rank alike (the loss shares its input check)
-                features = divergence.nonfinite_features(err)
-                if features is None:
-                    raise
-                raise divergence.diverged(self.step + 1, features, self.checkpoint_dir) from None
-            divergence.check_step(self.step + 1, loss, engine.get_global_grad_norm(), self.checkpoint_dir)
+                loss = self.engine.train_step(batch)
+            except NonFiniteFeaturesError as err:  # raised on every rank alike (the loss shares its input check)
+                raise divergence.diverged(self.step + 1, err.problem, self.checkpoint_dir) from None
+            divergence.check_step(self.step + 1, loss, deepspeed_engine.get_global_grad_norm(), self.checkpoint_dir)
             # An encoded batch finds its undecodable images during the step (data/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
@@ -262,25 +260,25 @@ class Trainer:
 
     def _save(self) -> None:
         self.phase = f"saving the checkpoint of step {self.step}"
-        divergence.check_weights(self.step_engine.model.parameters(), self.step, self.checkpoint_dir, self.device,
+        divergence.check_weights(self.engine.model.parameters(), self.step, self.checkpoint_dir, self.device,
                                  self.world)
         client = {"data": self.data.state_dict()}
         with self.watch.saving():  # a launcher that goes now waits for this save (it is atomic either way)
-            checkpoint.save(self.step_engine.engine, self.checkpoint_dir, self.step, client, self.rank,
+            checkpoint.save(self.engine.deepspeed, self.checkpoint_dir, self.step, client, self.rank,
                             keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
 
     def _logit_scale(self) -> float:
-        param = self.step_engine.model.logit_scale
-        with self.step_engine.full_parameter(param):
+        param = self.engine.model.logit_scale
+        with self.engine.full_parameter(param):
             return math.exp(float(param.detach().float().reshape(-1)[0]))
 
     def evaluate(self) -> dict:
         """Zero-shot and retrieval on rank 0 (all ranks gather the weights under ZeRO-3)."""
         if self.eval_data is None:
             return {}
-        model = self.step_engine.model
+        model = self.engine.model
         gathered = nullcontext()
-        if self.step_engine.engine.zero_optimization_stage() >= 3:
+        if self.engine.deepspeed.zero_optimization_stage() >= 3:
             gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
         results = {}
         with gathered:
