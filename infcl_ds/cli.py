@@ -7,7 +7,7 @@ from pathlib import Path
 COMMANDS = {
     "train": ("infcl_ds.train", "main", "train a CLIP from a recipe (also: deepspeed --module infcl_ds.train)"),
     "eval": ("infcl_ds.eval.cli", "main", "zero-shot and retrieval evaluation of a checkpoint"),
-    "export": ("infcl_ds.export", "main", "write an open_clip state dict from a checkpoint"),
+    "export": ("infcl_ds.export", "main", "write an open_clip model folder (or --format pt state dict) from a checkpoint"),
     "plan": ("infcl_ds.plan.cli", "main", "per-GPU and host memory, step time and a verdict for a recipe"),
     "data digits": ("infcl_ds.data.digits", "main", "image-caption shards from scikit-learn's digits (no download)"),
     "data check": ("infcl_ds.data.check", "main", "a recipe's data paths exist (run by the launch scripts first)"),

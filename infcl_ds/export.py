@@ -1,27 +1,44 @@
-"""Turn a training run's DeepSpeed checkpoint into a plain open_clip state dict.
+"""Turn a training run's DeepSpeed checkpoint into open_clip weights.
 
 A run directory holds ``recipe.yaml`` (the model name at ``model: {name: ...}``) and
 ``checkpoints/<tag>/`` written by ``engine.save_checkpoint(RUN / "checkpoints", tag=...)``,
 with ``checkpoints/latest`` naming the newest tag. Inside DeepSpeed the 0-dim parameters
 (``logit_scale``) have shape [1] (``engine/params.py``); the export gives them back
-open_clip's shapes, so ``open_clip.create_model(name).load_state_dict(sd, strict=True)`` works.
+open_clip's shapes, so the weights load into open_clip's model with ``strict=True``.
+
+Two formats (``--format``):
+
+- ``open_clip`` (the default): the folder open_clip and the Hugging Face Hub use,
+  ``open_clip_config.json`` (``model_cfg``: the architecture and the loss's arguments;
+  ``preprocess_cfg``: the size, mean and std the run trained with) and
+  ``open_clip_model.safetensors``, plus the tokenizer's files for a Hugging Face tokenizer.
+  ``open_clip.create_model_and_transforms("local-dir:DIR")`` and
+  ``open_clip.get_tokenizer("local-dir:DIR")`` load it with nothing else, the tiny models of
+  ``model_configs/`` included; uploaded as it is, it loads as ``hf-hub:USER/REPO``.
+- ``pt``: a ``torch.save`` state dict file; for a tiny model, its config ``<name>.json``
+  beside it (``open_clip.add_model_config`` takes it). The default when ``--out`` ends in .pt
+  or .pth: a folder with a file's name would surprise.
 
 The tag's manifest is verified and every file is read with ``weights_only=True``
 (``training/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
 origin you trust. ``--out`` is checked first (``outputs.py``): outside the checkpoints read,
-and an existing file only if it is an earlier export (``is_export_output``). Problems are one
-line on stderr, exit status 2.
+and an existing file or folder only if an earlier export wrote it (``is_export_output``,
+``export_folder_files``). Problems are one line on stderr, exit status 2.
 """
 import contextlib
+import json
+import os
+import stat
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 import torch
 
 from .cli_args import ArgumentParser
-from .models import CONFIG_DIR, create_model, loss_of_state_dict, state_dict_shapes
-from .outputs import check_out_file, replace_file
+from .models import (CONFIG_DIR, create_model, get_tokenizer, loss_of_state_dict, meta_model, model_config,
+                     state_dict_shapes)
+from .outputs import OutPathError, check_out_file, check_out_folder, refuse_inside, replace_file, replace_folder
 from .training.atomic import atomic_write_bytes
 from .training.checkpoint import LATEST, resolve_tag
 from .training.manifest import MANIFEST, verify
@@ -30,6 +47,9 @@ from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepsp
 
 CHECKPOINTS = "checkpoints"
 RECIPE = "recipe.yaml"
+WRITTEN_BY = "infcl-ds export"
+FORMATS = ("open_clip", "pt")
+FILE_SUFFIXES = (".pt", ".pth")  # torch's file names: --out named so is the pt format by default
 
 
 def _is_tag_dir(path: Path) -> bool:
@@ -106,7 +126,11 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None,
     """The fp32 state dict of a checkpoint (see ``resolve_tag_dir``), in the shapes of the
     run's open_clip model: a tensor whose element count matches a fresh model's entry is
     reshaped to it, which undoes DeepSpeed's [1]-shaped scalars."""
-    tag_dir = resolve_tag_dir(checkpoint_dir, tag)
+    return _state_dict_of_tag(resolve_tag_dir(checkpoint_dir, tag), trust)
+
+
+def _state_dict_of_tag(tag_dir: Path, trust: bool) -> Dict[str, torch.Tensor]:
+    """``load_state_dict_from_checkpoint`` of a tag directory already resolved and verified."""
     raw = _raw_state_dict(tag_dir, trust)
     shapes = state_dict_shapes(run_model_name(tag_dir), loss=loss_of_state_dict(raw))
     state_dict = {}
@@ -117,9 +141,9 @@ def load_state_dict_from_checkpoint(checkpoint_dir, tag: Optional[str] = None,
 
 
 def is_export_output(path) -> bool:
-    """A file ``export`` wrote: torch's weights-only reader finds a flat dict of names to
-    tensors in it (mapped, not read: only the pickle's few kilobytes are). A DeepSpeed or
-    client state is nested; anything else does not load."""
+    """A file ``export --format pt`` wrote: torch's weights-only reader finds a flat dict of
+    names to tensors in it (mapped, not read: only the pickle's few kilobytes are). A DeepSpeed
+    or client state is nested; anything else does not load."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - whatever a file makes the reader raise: not ours
@@ -128,65 +152,188 @@ def is_export_output(path) -> bool:
                                            for k, v in state.items())
 
 
-def check_out(out_path, checkpoint_dir) -> Path:
+def _folder_names():
+    """open_clip's names for a model folder's config and weights (its constants own them)."""
+    from open_clip.constants import HF_CONFIG_NAME, HF_SAFE_WEIGHTS_NAME
+    return HF_CONFIG_NAME, HF_SAFE_WEIGHTS_NAME
+
+
+def export_folder_files(folder) -> Optional[Set[str]]:
+    """The files an earlier ``export`` wrote in ``folder``, as its weights' metadata lists
+    them (only the safetensors header is read); None when ``folder`` is not such a folder."""
+    from safetensors import safe_open
+    config, weights = _folder_names()
+    path = Path(folder) / weights
+    if not path.is_file():  # a FIFO there would block the open
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        files = json.loads(metadata.get("files", "null"))
+    except Exception:  # noqa: BLE001 - whatever a damaged or foreign file raises: not ours
+        return None
+    if metadata.get("written_by") != WRITTEN_BY or not isinstance(files, list) \
+            or not all(isinstance(name, str) for name in files) or not {config, weights} <= set(files):
+        return None
+    return set(files)
+
+
+def out_format(out_path, fmt: Optional[str] = None) -> str:
+    """``--format`` as given; without it ``pt`` for an ``--out`` ending in .pt or .pth,
+    ``open_clip`` otherwise."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        return fmt
+    return "pt" if Path(out_path).suffix in FILE_SUFFIXES else "open_clip"
+
+
+def check_out(out_path, checkpoint_dir, fmt: Optional[str] = None) -> Path:
     """``--out`` of an export of ``checkpoint_dir`` (outputs.py's rules), before it is read."""
-    return check_out_file(out_path, checkpoints_of(checkpoint_dir), "infcl-ds export", is_export_output,
-                          example="model.pt")
+    protected = checkpoints_of(checkpoint_dir)
+    if out_format(out_path, fmt) == "pt":
+        return check_out_file(out_path, protected, WRITTEN_BY, is_export_output, example="model.pt")
+    out = Path(out_path)
+    refuse_inside(out, protected)
+    if out.is_file() and is_export_output(out):  # ours, but a file: a folder does not replace it unasked
+        raise OutPathError(f"--out {out} is a state dict file from {WRITTEN_BY} --format pt: pass --format pt to "
+                           f"replace it, or name a folder for the open_clip format")
+    return check_out_folder(out, protected, WRITTEN_BY, export_folder_files)
 
 
-def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False) -> Dict[str, torch.Tensor]:
-    """Write the checkpoint's state dict to ``out_path`` with ``torch.save``; return it. Written
-    to a temporary file beside it, then renamed: a failed write leaves no partial file."""
-    out_path = check_out(out_path, checkpoint_dir)
-    state_dict = load_state_dict_from_checkpoint(checkpoint_dir, tag, trust)
-    replace_file(out_path, lambda partial: torch.save(state_dict, partial))
-    return state_dict
+def config_beside(name: str, out_path) -> Optional[Path]:
+    """Where ``--format pt`` puts the config of a model of this project (model_configs/,
+    unknown to a plain open_clip): ``<name>.json`` beside ``--out``; None for open_clip's own
+    architectures."""
+    shipped = CONFIG_DIR / f"{name}.json"
+    return Path(out_path).parent / shipped.name if shipped.is_file() else None
 
 
-def load_exported(path, name: str) -> torch.nn.Module:
-    """The ``name`` open_clip model with an exported state dict loaded (strict), in eval mode."""
+def check_config_beside(name: str, out_path) -> None:
+    """The config beside ``--out`` replaces only a file holding that same config: what an
+    earlier export wrote, or an identical copy; any other file of that name is kept."""
+    target = config_beside(name, out_path)
+    if target is None or not os.path.lexists(target):
+        return
+    if not (target.is_file() and target.read_bytes() == (CONFIG_DIR / target.name).read_bytes()):
+        raise OutPathError(f"{target} exists and was not written by {WRITTEN_BY}: not replaced (--format pt writes "
+                           f"the config of {name} there, beside --out); remove it or write --out elsewhere")
+
+
+def write_config_beside(name: str, out_path) -> Optional[Path]:
+    """For an architecture of this project, its config as ``config_beside`` names it, so that
+    the state dict loads in a process that never imports infcl_ds; None for open_clip's own."""
+    target = config_beside(name, out_path)
+    if target is not None:
+        atomic_write_bytes(target, (CONFIG_DIR / target.name).read_bytes())
+    return target
+
+
+def write_model_folder(folder: Path, state_dict: Dict[str, torch.Tensor], name: str, source: Path) -> None:
+    """Fill ``folder`` as open_clip's ``save_for_hf`` lays a model out: its
+    ``save_config_for_hf`` writes the config, with the image size added to the preprocessing;
+    a Hugging Face tokenizer saves its files (``local-dir:`` loads it from the folder); the
+    weights go last, their metadata naming the writer and every file (``export_folder_files``)."""
+    from open_clip.push_to_hf_hub import save_config_for_hf
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+    config_name, weights_name = _folder_names()
+    loss = loss_of_state_dict(state_dict)
+    model = meta_model(name, loss)  # its preprocessing config is the one the run trained with
+    model.load_state_dict(state_dict, strict=True, assign=True)  # keys and shapes as open_clip builds them
+    save_config_for_hf(model, folder / config_name, model_config=model_config(name, loss))
+    _add_image_size(folder / config_name, model.visual.preprocess_cfg["size"])
+    tokenizer = get_tokenizer(name)
+    if hasattr(tokenizer, "save_pretrained"):  # open_clip's SimpleTokenizer has no files to save
+        tokenizer.save_pretrained(str(folder))
+    metadata = {"format": "pt", "written_by": WRITTEN_BY, "model": name, "checkpoint": str(source),
+                "files": json.dumps(sorted(os.listdir(folder)) + [weights_name])}
+    try:
+        save_file({key: value.contiguous() for key, value in state_dict.items()}, folder / weights_name,
+                  metadata=metadata)
+    except SafetensorError as err:  # a full disk is one of these: the same one line as an OSError
+        raise OSError(str(err)) from None
+    # safetensors writes through a private temporary file (mode 0600): the weights get the
+    # config's mode, which the umask set, so whoever can read the folder can load it.
+    os.chmod(folder / weights_name, stat.S_IMODE((folder / config_name).stat().st_mode))
+
+
+def _add_image_size(config_path: Path, size) -> None:
+    """open_clip reads ``preprocess_cfg.size`` but its writer leaves it out; the folder states
+    the size the run trained with."""
+    config = json.loads(config_path.read_text())
+    config["preprocess_cfg"]["size"] = size
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def export(checkpoint_dir, out_path, tag: Optional[str] = None, trust: bool = False,
+           fmt: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """Write the checkpoint's state dict to ``out_path`` in ``fmt`` (``out_format``); return
+    it. Everything is checked before the checkpoint is read, then written beside ``out_path``
+    and renamed into place: a failed write leaves no partial file or folder."""
+    return _export(checkpoint_dir, out_path, tag, trust, fmt)[2]
+
+
+def _export(checkpoint_dir, out_path, tag, trust, fmt):
+    """``export``, returning (the tag directory, the model name, the state dict)."""
+    fmt = out_format(out_path, fmt)
+    out = check_out(out_path, checkpoint_dir, fmt)  # first: a bad --out costs no time
+    tag_dir = resolve_tag_dir(checkpoint_dir, tag)  # verified once: its digests read every file
+    name = run_model_name(tag_dir)
+    if fmt == "pt":
+        check_config_beside(name, out)
+    state_dict = _state_dict_of_tag(tag_dir, trust)
+    if fmt == "open_clip":
+        replace_folder(out, lambda partial: write_model_folder(partial, state_dict, name, tag_dir))
+        return tag_dir, name, state_dict
+    replace_file(out, lambda partial: torch.save(state_dict, partial))
+    try:
+        write_config_beside(name, out)
+    except OSError as err:
+        raise OSError(f"writing the config of {name} beside --out failed: {err}") from None
+    return tag_dir, name, state_dict
+
+
+def load_exported(path, name: Optional[str] = None) -> torch.nn.Module:
+    """An exported model in eval mode, its weights loaded strictly: a folder through open_clip's
+    ``local-dir:``; a state dict file into the ``name`` model."""
+    if Path(path).is_dir():
+        import open_clip
+        return open_clip.create_model(f"local-dir:{path}").eval()
     state_dict = torch.load(path, map_location="cpu", weights_only=True)
     model = create_model(name, loss=loss_of_state_dict(state_dict))
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
 
 
+def _loads_how(fmt: str, name: str, out) -> str:
+    if fmt == "open_clip":
+        return f": open_clip.create_model_and_transforms('local-dir:{out}') loads it"
+    config = config_beside(name, out)
+    return "" if config is None else (f"; open_clip does not ship {name}: call open_clip.add_model_config"
+                                      f"({str(config)!r}) before open_clip.create_model({name!r})")
+
+
 def main(argv=None) -> int:
-    """``infcl-ds export --checkpoint DIR --out model.pt [--tag TAG]``."""
+    """``infcl-ds export --checkpoint DIR --out DIR|model.pt [--format open_clip|pt] [--tag TAG]``."""
     parser = ArgumentParser(prog="infcl-ds export",
-                                     description="DeepSpeed checkpoint -> open_clip state dict (torch.save)")
+                            description="DeepSpeed checkpoint -> an open_clip model folder (or a state dict file)")
     parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
-    parser.add_argument("--out", required=True, help="output file, e.g. model.pt")
+    parser.add_argument("--out", required=True, help="the folder to write (a file with --format pt)")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="open_clip: the folder open_clip loads as local-dir:/hf-hub: (the default); pt: a "
+                             "torch.save state dict, a tiny model's config beside it (the default for an --out "
+                             "ending in .pt or .pth)")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
+    fmt = out_format(args.out, args.format)
     try:
-        check_out(args.out, args.checkpoint)  # before the checkpoint is read: a bad --out costs no time
-        tag_dir = resolve_tag_dir(args.checkpoint, args.tag)
-        state_dict = export(tag_dir, args.out, trust=args.trust_checkpoint)
+        tag_dir, name, state_dict = _export(args.checkpoint, args.out, args.tag, args.trust_checkpoint, fmt)
     except (CheckpointError, FileNotFoundError, ValueError, OSError) as err:
         print(f"infcl-ds export: {err}", file=sys.stderr)
         return 2
     params = sum(value.numel() for value in state_dict.values())
-    name = run_model_name(tag_dir)
-    try:
-        config = write_config_beside(name, args.out)
-    except OSError as err:
-        print(f"infcl-ds export: writing the config of {name} beside --out failed: {err}", file=sys.stderr)
-        return 2
-    how = "" if config is None else (f"; open_clip does not ship {name}: call open_clip.add_model_config"
-                                     f"({str(config)!r}) before open_clip.create_model({name!r})")
-    print(f"exported {name} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}{how}")
+    print(f"exported {name} ({params / 1e6:.2f}M parameters) from {tag_dir} to {args.out}"
+          f"{_loads_how(fmt, name, args.out)}")
     return 0
-
-
-def write_config_beside(name: str, out_path) -> Optional[Path]:
-    """For an architecture of this project (model_configs/, unknown to a plain open_clip), its
-    config as ``<name>.json`` beside the exported file, so that the state dict loads in a
-    process that never imports infcl_ds; None for open_clip's own architectures."""
-    shipped = CONFIG_DIR / f"{name}.json"
-    if not shipped.is_file():
-        return None
-    target = Path(out_path).parent / shipped.name
-    atomic_write_bytes(target, shipped.read_bytes())
-    return target

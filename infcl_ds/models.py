@@ -1,6 +1,7 @@
 """The models the trainer builds: open_clip's architectures plus the tiny ones shipped in
 ``model_configs/`` (CPU tests and the quickstart). Models are always created from scratch
 (``pretrained=None``), so nothing is ever downloaded."""
+import logging
 import math
 from pathlib import Path
 from typing import Dict, Optional
@@ -24,16 +25,21 @@ LOSSES = ("clip", "siglip")
 SIGLIP_INIT = {"init_logit_scale": math.log(10.0), "init_logit_bias": -10.0}
 
 
+def _loss_kwargs(loss: str) -> dict:
+    """The open_clip model arguments that ``loss`` adds to the architecture's config."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    return dict(SIGLIP_INIT) if loss == "siglip" else {}
+
+
 def create_model(name: str, *, seed: Optional[int] = None, loss: str = "clip") -> torch.nn.Module:
     """A randomly initialised open_clip model, in fp32 on the CPU. With ``seed`` the
     initialisation is reproducible and the caller's global RNG state is left untouched.
     loss="siglip": the model gets a ``logit_bias`` and SigLIP's initial scale and bias
     (log 10 and -10, as open_clip's training does with --siglip), whatever the architecture."""
     import open_clip
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    kwargs = _loss_kwargs(loss)
     register_tiny_configs()
-    kwargs = dict(SIGLIP_INIT) if loss == "siglip" else {}
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
@@ -41,16 +47,40 @@ def create_model(name: str, *, seed: Optional[int] = None, loss: str = "clip") -
         return open_clip.create_model(name, pretrained=None, pretrained_text=False, **kwargs)
 
 
+def meta_model(name: str, loss: str = "clip") -> torch.nn.Module:
+    """The ``create_model`` model on the meta device: its structure, shapes and preprocessing
+    config with no memory and no initialisation cost, even for the largest architectures."""
+    import open_clip
+    kwargs = _loss_kwargs(loss)
+    register_tiny_configs()
+    # open_clip warns "initialized randomly" of any model built without weights; here that is
+    # the point, and the warning would mislead an export's reader.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with torch.device("meta"):
+            return open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta", **kwargs)
+    finally:
+        logging.disable(previous)
+
+
 def state_dict_shapes(name: str, loss: str = "clip") -> Dict[str, torch.Size]:
     """The shape of every state-dict entry of a fresh ``name`` model (``loss`` as for
-    create_model), built on the meta device: no memory and no initialisation cost, even for
-    the largest architectures."""
+    create_model)."""
+    return {key: value.shape for key, value in meta_model(name, loss).state_dict().items()}
+
+
+def model_config(name: str, loss: str = "clip") -> dict:
+    """The open_clip config (a ``model_cfg``) from which open_clip alone builds what
+    ``create_model(name, loss=loss)`` builds: the architecture's config, the loss's arguments
+    in it. A model folder carries it, so that it loads where infcl_ds is not installed."""
     import open_clip
+    kwargs = _loss_kwargs(loss)
     register_tiny_configs()
-    kwargs = dict(SIGLIP_INIT) if loss == "siglip" else {}
-    with torch.device("meta"):
-        model = open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta", **kwargs)
-    return {key: value.shape for key, value in model.state_dict().items()}
+    config = open_clip.get_model_config(name)  # a copy
+    if config is None:
+        raise ValueError(f"open_clip has no model config {name!r}")
+    return {**config, **kwargs}
 
 
 def loss_of_state_dict(state_dict) -> str:

@@ -15,14 +15,17 @@ any work.
   probe file can be created (a read-only file system, a path under a file).
 
 ``replace_file`` writes beside ``--out`` and renames: a failed write leaves no partial file
-and is one line. An output made of several files (a folder) applies the first two rules to
-the folder (``refuse_inside``) and to each file it would replace (``refuse_foreign``).
+and is one line. An output that is a folder (``check_out_folder``, ``replace_folder``) follows
+the same rules: an existing one is replaced only if the same command wrote it and everything
+in it, and a new one is written whole beside it, then put in its place.
 """
 import contextlib
 import os
+import secrets
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional, Set
 
 
 class OutPathError(ValueError):
@@ -38,11 +41,15 @@ def refuse_inside(out: Path, protected: Path) -> None:
                            f"there would damage them; name a file outside it")
 
 
+def _foreign(out: Path, writer: str, what: str = "file") -> OutPathError:
+    return OutPathError(f"--out {out} exists and was not written by {writer}: not replaced; remove it or name "
+                        f"another {what}")
+
+
 def refuse_foreign(out: Path, writer: str, is_ours: Callable[[Path], bool]) -> None:
     """An existing ``out`` must be a file that ``writer`` wrote (``is_ours``)."""
     if out.exists() and not is_ours(out):
-        raise OutPathError(f"--out {out} exists and was not written by {writer}: not replaced; remove it or name "
-                           f"another file")
+        raise _foreign(out, writer)
 
 
 def check_writable(out: Path) -> None:
@@ -76,6 +83,11 @@ def check_out_file(out, protected, writer: str, is_ours: Callable[[Path], bool],
     return out
 
 
+def _one_line(out: Path, err: BaseException) -> OSError:
+    why = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+    return OSError(f"--out {out}: writing failed ({why})")
+
+
 def replace_file(out: Path, write: Callable[[Path], None]) -> None:
     """``write(partial)`` to a temporary file beside ``out``, then rename it over ``out``; any
     failure (a full disk: torch's writer reports a short write as a RuntimeError) removes the
@@ -88,5 +100,68 @@ def replace_file(out: Path, write: Callable[[Path], None]) -> None:
     except (OSError, RuntimeError) as err:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        why = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-        raise OSError(f"--out {out}: writing failed ({why})") from None
+        raise _one_line(out, err) from None
+
+
+def check_out_folder(out, protected, writer: str, files_of: Callable[[Path], Optional[Set[str]]]) -> Path:
+    """``out`` as a Path once the rules above hold for an output folder; OutPathError (one line)
+    naming the rule otherwise. ``files_of(folder)``: the names of the files an earlier run of
+    ``writer`` put in ``folder``, None when it is not such a folder. An existing ``out`` is
+    replaced only if it is one and holds nothing else: whatever was added to it would be lost."""
+    out = Path(out)
+    refuse_inside(out, Path(protected))
+    if os.path.lexists(out) and not out.is_dir():
+        if out.is_file():
+            raise _foreign(out, writer)
+        raise OutPathError(f"--out {out} is not a folder: name a folder to write")
+    if out.is_dir():
+        files = files_of(out)
+        if files is None:
+            raise _foreign(out, writer, "folder")
+        extra = sorted(set(os.listdir(out)) - files)
+        if extra:
+            more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+            raise OutPathError(f"--out {out} holds {extra[0]}{more}, which {writer} did not write: not replaced; "
+                               f"move it out or name another folder")
+    check_writable(out)
+    # A link to an earlier output: the folder it names is replaced, the link kept.
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+def _beside(out: Path, what: str) -> Path:
+    """A fresh name in ``out``'s directory: hidden, and unique to this process and call."""
+    return out.with_name(f".{out.name}.{what}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Put the folder ``new`` at ``out``. An earlier ``out`` is renamed aside first and removed
+    after; if the second rename fails it is renamed back. Either way ``out`` is never a
+    half-written folder: for the moment between the renames the name is absent."""
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        return
+    earlier = _beside(out, "replaced")
+    os.rename(out, earlier)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(earlier, out)
+        raise
+    shutil.rmtree(earlier, ignore_errors=True)
+
+
+def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """``write(partial)`` fills a new folder beside ``out``, which then takes ``out``'s place
+    (``_swap_in``). Any failure removes the partial folder, leaves an earlier ``out`` as it was
+    and is one OSError naming ``--out`` (errors other than OSError and RuntimeError are bugs:
+    they propagate, after the clean-up)."""
+    partial = _beside(out, "partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(partial)  # not mkdtemp: its 0700 would become the published folder's mode
+        write(partial)
+        _swap_in(partial, out)
+    except (OSError, RuntimeError) as err:
+        raise _one_line(out, err) from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
