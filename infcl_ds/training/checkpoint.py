@@ -17,6 +17,26 @@ Reading: a tag must be a directory directly inside the run's ``checkpoints/`` (`
 tag naming ``../elsewhere`` or an absolute path is refused), its manifest must verify, and
 every file is unpickled with ``weights_only=True`` (``training/safe_load.py``). A damaged tag
 is named with the intact ones listed.
+
+Unfinished tags. A tag directory without ``manifest.json`` was never finished: its save was cut
+short (a rank or the whole job killed mid-save), or its removal was (a tag is removed manifest
+first, ``_remove_tag``). No command reads one: resume, export and eval verify the manifest.
+Two places remove them, and only the run's owner, which holds the run directory's lock
+(``training/run_lock.py``: global rank 0 of a training job) and writes every other file of the
+run:
+
+- a save whose collective fails (a peer killed or stopped mid-save) removes its own tag on
+  rank 0 before the error goes on, unless ``latest`` already names it;
+- resolving a tag to resume (``resolve_tag``, before it reads anything) removes every unfinished
+  tag except the one ``latest`` names and the one asked for, with one line naming them. That
+  covers what the first cannot: rank 0 itself killed, the whole job killed, NCCL's watchdog
+  ending rank 0 without an exception. An unfinished tag is removed whether it is newer or older
+  than ``latest``: no save finished it, and none of the run's processes is writing it (the
+  lock excludes another live run; this run's ranks have not started saving).
+
+A tag whose manifest exists but does not verify is damage, not an unfinished save: it is
+named with the intact tags and never removed. Export and eval hold no lock and remove nothing
+(the run may be saving that very tag); neither does a run on a file system without locks.
 """
 import hashlib
 import io
@@ -24,15 +44,16 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..shown import shown
 from .atomic import atomic_write_bytes
-from .manifest import verify, write_manifest
+from .manifest import MANIFEST, verify, write_manifest
 from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weights_only
 from .state_mismatch import summarize
 
@@ -92,10 +113,22 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
          recipe_text: str = "") -> str:
     """Save the engine, this rank's client state and the recipe as tag step_XXXXXXXX; every rank
     calls it. A write that fails on any rank raises CheckpointError on every rank, with the
-    partial tag removed and ``latest`` unchanged."""
-    import deepspeed.comm as dist
+    partial tag removed and ``latest`` unchanged. A collective that fails (a peer gone or
+    stopped) propagates, after rank 0 removed the unfinished tag."""
     checkpoint_dir = Path(checkpoint_dir)
     tag = f"step_{step:08d}"
+    try:
+        return _save(engine, checkpoint_dir, tag, step, client, rank, keep, recipe_text)
+    except Exception as err:
+        from .exits import is_collective_failure  # exits imports this module (through divergence)
+        if rank == 0 and is_collective_failure(err) and read_latest(checkpoint_dir) != tag:
+            _remove_tag(checkpoint_dir / tag, ignore_errors=True)
+        raise
+
+
+def _save(engine, checkpoint_dir: Path, tag: str, step: int, client: Dict[str, Any], rank: int, keep: int,
+          recipe_text: str) -> str:
+    import deepspeed.comm as dist
     tag_dir = checkpoint_dir / tag
     device = next(engine.module.parameters()).device
     failure: Optional[BaseException] = None
@@ -103,7 +136,7 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     # files of another number of ranks: it goes before any rank writes, so none is mixed in.
     if rank == 0 and tag_dir.exists():
         try:
-            shutil.rmtree(tag_dir)
+            _remove_tag(tag_dir)
         except OSError as err:
             failure = err
     if _failed_ranks(failure is not None, device):
@@ -137,7 +170,7 @@ def save(engine, checkpoint_dir: Path, step: int, client: Dict[str, Any], rank: 
     failed = failed or _failed_ranks(failure is not None, device)
     if failed:
         if rank == 0:
-            shutil.rmtree(tag_dir, ignore_errors=True)
+            _remove_tag(tag_dir, ignore_errors=True)
         dist.barrier()
         previous = read_latest(checkpoint_dir)
         reason = f": {failure}" if failure is not None else ""
@@ -157,7 +190,50 @@ def _prune(checkpoint_dir: Path, keep: int, current: str) -> None:
     tags = sorted(p for p in checkpoint_dir.glob("step_*") if p.is_dir())
     for old in tags[:-keep]:
         if old.name != current:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_tag(old, ignore_errors=True)
+
+
+def _remove_tag(tag_dir: Path, ignore_errors: bool = False) -> None:
+    """Remove a tag, its manifest first: a removal cut short leaves an unfinished tag (no
+    manifest), which the next resume removes, rather than a damaged one, which it keeps."""
+    try:
+        (tag_dir / MANIFEST).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not ignore_errors:
+            raise
+    shutil.rmtree(tag_dir, ignore_errors=ignore_errors)
+
+
+def _owns_run(checkpoint_dir: Path) -> bool:
+    """Whether this process holds the lock of the run that ``checkpoint_dir`` belongs to."""
+    from . import run_lock  # its table of held locks: the one record of who owns a run
+    lock = run_lock._held.get(os.path.realpath(checkpoint_dir.parent / run_lock.LOCK_FILE))
+    return lock is not None and lock.fd is not None
+
+
+def unfinished_tags(checkpoint_dir: Path) -> List[str]:
+    """The tag directories in ``checkpoint_dir`` without a manifest, oldest first."""
+    return sorted(p.name for p in Path(checkpoint_dir).glob("step_*")
+                  if p.is_dir() and not p.is_symlink() and not os.path.lexists(p / MANIFEST))
+
+
+def remove_unfinished_tags(checkpoint_dir: Path, keep: Tuple[str, ...] = ()) -> List[str]:
+    """Remove the unfinished tags (module docstring) other than ``keep`` and the one ``latest``
+    names, on the run's owner only; one line naming what went. Returns the names removed."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir() or not _owns_run(checkpoint_dir):
+        return []
+    spared = set(keep) | {read_latest(checkpoint_dir)}
+    removed = [name for name in unfinished_tags(checkpoint_dir) if name not in spared]
+    for name in removed:
+        _remove_tag(checkpoint_dir / name, ignore_errors=True)
+    if removed:
+        print(f"infcl-ds train: removed {len(removed)} unfinished checkpoint tag(s) of {checkpoint_dir} "
+              f"({', '.join(removed)}: no {MANIFEST}, a save or removal cut short); {LATEST} names "
+              f"{read_latest(checkpoint_dir) or 'nothing'}", file=sys.stderr, flush=True)
+    return removed
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -187,6 +263,7 @@ def resolve_tag(checkpoint_dir: Path, tag: str = LATEST, flag: str = "--resume")
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         raise CheckpointError(f"no checkpoint directory {checkpoint_dir}")
+    remove_unfinished_tags(checkpoint_dir, keep=(tag,))
     name, source = tag, f"{flag} {tag}"
     if tag == LATEST:
         pointer = checkpoint_dir / LATEST

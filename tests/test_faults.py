@@ -1,0 +1,49 @@
+"""The fault matrix's machinery (benchmarks/faults.py, docs/reliability.md) on two gloo ranks
+through launch/train.sh, for the two faults during a save that no other test delivers: a rank
+SIGKILLed (the surviving rank 0 removes the unfinished tag) and SIGINT to the launcher (the
+save completes, every rank stops). SIGTERM to the launcher during training is
+test_launcher_signals.py's, a stopped peer test_reliability.py's."""
+import pytest
+
+from test_launch import environment
+
+from benchmarks import faults
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["kill-rank", "int-launcher"])
+def test_a_fault_during_a_save_ends_the_job_and_leaves_a_resumable_run(tmp_path, scenario):
+    row = faults.run_scenario(scenario, "save", tmp_path, accelerator="cpu", timeout_min=1, env=environment())
+    context = {key: row.get(key) for key in ("error", "at_signal", "line", "latest", "partial_tags_after_fault",
+                                             "resume_log_tail", "log")}
+    assert "error" not in row and "being written" in row["at_signal"], context
+    # Neither waits for the timeout: a dead peer's socket closes, the launcher's watch polls every second.
+    assert row["seconds_to_gone"] is not None and row["seconds_to_gone"] < 30, row["seconds_to_gone"]
+    assert row["latest"].startswith("step_"), context  # its manifest verified
+    assert row["partial_tags_after_fault"] == [] and row["partial_tags"] == [], context
+    assert row["resumed"], context  # one step past latest through train.sh --resume latest
+    if scenario == "kill-rank":
+        assert row["line"].startswith("infcl-ds train: rank 0, ") and "a collective failed" in row["line"], context
+    else:
+        # the rank that saw its launcher go first names its pid, the other "another rank's deepspeed launcher"
+        assert "deepspeed launcher" in row["line"] and row["line"].endswith(": stopping"), context
+    assert row["passed"], context
+
+
+def test_the_line_is_the_trainers_before_the_launchers():
+    log = ("[2026-01-01 00:00:00,000] [ERROR] [launch.py:259:sigkill_handler] ['python', '-u', '-m', "
+           "'infcl_ds.train', '--local_rank=1'] exits with return code = -9\n"
+           "[rank0]: Traceback (most recent call last):\n"
+           "infcl-ds train: rank 0, step 7: a collective failed or timed out (timeout 1 min): a peer rank is stopped\n")
+    assert faults.cause_line(log).startswith("infcl-ds train: rank 0, step 7: ")
+    only_launcher = log.splitlines()[0]
+    assert faults.cause_line(only_launcher).endswith("exits with return code = -9")
+    assert faults.names_a_rank(faults.cause_line(only_launcher))
+    assert faults.cause_line("nothing here\n") is None and not faults.names_a_rank(None)
+
+
+def test_only_names_known_scenarios():
+    assert faults.selected("kill-rank:save,stop-rank:step") == [("kill-rank", "save"), ("stop-rank", "step")]
+    assert len(faults.selected(None)) == 8
+    with pytest.raises(SystemExit, match="unknown scenario kill-rank:eval"):
+        faults.selected("kill-rank:eval")
