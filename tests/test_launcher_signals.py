@@ -15,8 +15,8 @@ from test_launch import environment
 
 from benchmarks.common import free_port
 from infcl_ds.training import checkpoint
-from infcl_ds.training.launcher_watch import (LAUNCHER_GONE_EXIT, LauncherWatch, Process, _is_deepspeed_launch,
-                                              _stat, is_alive, launcher_processes)
+from infcl_ds.training.launcher_watch import LAUNCHER_GONE_EXIT, LauncherWatch, Process, is_alive, launcher_processes
+from infcl_ds.training.procs import is_deepspeed_launch, process_stat
 
 
 def _session(pid: int):
@@ -30,15 +30,15 @@ def _ranks(session: int) -> list:
     """The rank processes of a session: children of a deepspeed launch.py."""
     found = []
     for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
-        stat = _stat(pid)
-        if stat is not None and _session(pid) == session and _is_deepspeed_launch(stat[1]):
+        stat = process_stat(pid)
+        if stat is not None and _session(pid) == session and is_deepspeed_launch(stat[1]):
             found.append(Process(pid, stat[2], "rank"))
     return found
 
 
 def _live_in(session: int) -> list:
     return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-            if _session(pid) == session and (_stat(pid) or ("Z",))[0] != "Z"]
+            if _session(pid) == session and (process_stat(pid) or ("Z",))[0] != "Z"]
 
 
 def _files(directory: Path) -> dict:
@@ -70,7 +70,7 @@ def test_a_signal_to_the_launcher_ends_every_rank(tmp_path):
         # Nothing of the job is left (the ranks' decode workers leave within 5 s of their rank)
         # and the run's files stay as they are.
         while _live_in(proc.pid):
-            assert time.monotonic() - sent < 30, {pid: _stat(pid) for pid in _live_in(proc.pid)}
+            assert time.monotonic() - sent < 30, {pid: process_stat(pid) for pid in _live_in(proc.pid)}
             time.sleep(0.2)
         before = _files(run)
         time.sleep(2)
@@ -89,12 +89,12 @@ def test_a_signal_to_the_launcher_ends_every_rank(tmp_path):
 def test_a_reused_pid_or_a_zombie_is_not_the_launcher(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        me = Process(child.pid, _stat(child.pid)[2], "deepspeed launcher")
+        me = Process(child.pid, process_stat(child.pid)[2], "deepspeed launcher")
         assert is_alive(me)
         assert not is_alive(me._replace(start=me.start + 1))  # the same pid, started later: another process
         child.kill()
         time.sleep(0.3)
-        assert _stat(child.pid)[0] == "Z"  # not reaped yet
+        assert process_stat(child.pid)[0] == "Z"  # not reaped yet
         assert not is_alive(me)
     finally:
         child.kill()
@@ -113,9 +113,10 @@ def test_the_watch_waits_for_a_save_then_exits_with_one_line(tmp_path):
     way; the watch exits only when the save is over, status 4, one line."""
     program = f"""
 import subprocess, sys, time
-from infcl_ds.training.launcher_watch import LauncherWatch, Process, _stat
+from infcl_ds.training.launcher_watch import LauncherWatch, Process
+from infcl_ds.training.procs import process_stat
 fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-watch = LauncherWatch([Process(fake.pid, _stat(fake.pid)[2], "deepspeed launcher")], poll_s=0.1, grace_s=0.5)
+watch = LauncherWatch([Process(fake.pid, process_stat(fake.pid)[2], "deepspeed launcher")], poll_s=0.1, grace_s=0.5)
 watch.where = lambda: "step 7"
 watch.start()
 with watch.saving():

@@ -8,6 +8,7 @@ from ..data.errors import DataError
 from ..parallel.ring import RingError
 from .divergence import DivergedError
 from .preflight import StartupError
+from .procs import wake_stopped_siblings
 from .safe_load import CheckpointError
 
 DONE_EXIT = 0
@@ -58,4 +59,5 @@ def exit_collective_failure(err: BaseException, rank, phase: str, timeout_s: flo
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
           f"{timeout_s / 60:g} min): a peer rank is stopped, wedged or dead, see its log. {first}", file=sys.stderr)
+    wake_stopped_siblings()  # a stopped rank beside this one then takes launch.py's SIGTERM at once
     exit_now(COLLECTIVE_FAILURE_EXIT)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import List, NamedTuple, Optional
 
 from .exits import LAUNCHER_GONE_EXIT
+from .procs import is_deepspeed_launch, process_stat
 
-LAUNCH_MODULE = "deepspeed.launcher.launch"
 POLL_S = 1.0
 GRACE_S = 20.0  # with POLL_S: every rank is gone well within 30 s of its launcher
 SAVE_GRACE_S = 600.0
@@ -41,44 +41,25 @@ class Process(NamedTuple):
     name: str
 
 
-def _stat(pid: int, proc: Path = Path("/proc")):
-    """(state, ppid, start time) of a process, or None when there is no such process."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (2nd field) is in parentheses and may itself hold spaces or ')'.
-    fields = text[text.rfind(")") + 2:].split()
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def _is_deepspeed_launch(pid: int, proc: Path = Path("/proc")) -> bool:
-    try:
-        args = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(a == LAUNCH_MODULE.encode() or a.endswith(b"deepspeed/launcher/launch.py") for a in args)
-
-
 def launcher_processes(proc: Path = Path("/proc")) -> List[Process]:
     """The deepspeed launch.py that is this process's parent, and the process that started it
     (the `deepspeed` runner, or on another node of a pdsh launch the remote shell); [] when
     the parent is no deepspeed launch.py or there is no /proc."""
     parent = os.getppid()
-    if not _is_deepspeed_launch(parent, proc):
+    if not is_deepspeed_launch(parent, proc):
         return []
-    launch = _stat(parent, proc)
+    launch = process_stat(parent, proc)
     if launch is None:
         return []
     found = [Process(parent, launch[2], "deepspeed launch.py")]
-    runner = _stat(launch[1], proc) if launch[1] > 1 else None
+    runner = process_stat(launch[1], proc) if launch[1] > 1 else None
     if runner is not None:
         found.append(Process(launch[1], runner[2], "deepspeed launcher"))
     return found
 
 
 def is_alive(process: Process, proc: Path = Path("/proc")) -> bool:
-    stat = _stat(process.pid, proc)
+    stat = process_stat(process.pid, proc)
     return stat is not None and stat[2] == process.start and stat[0] not in ("Z", "X")
 
 
