@@ -208,9 +208,8 @@ def _remove_tag(tag_dir: Path, ignore_errors: bool = False) -> None:
 
 def _owns_run(checkpoint_dir: Path) -> bool:
     """Whether this process holds the lock of the run that ``checkpoint_dir`` belongs to."""
-    from . import run_lock  # its table of held locks: the one record of who owns a run
-    lock = run_lock._held.get(os.path.realpath(checkpoint_dir.parent / run_lock.LOCK_FILE))
-    return lock is not None and lock.fd is not None
+    from .run_lock import holds  # its table of held locks: the one record of who owns a run
+    return holds(checkpoint_dir.parent)
 
 
 def unfinished_tags(checkpoint_dir: Path) -> List[str]:

@@ -25,7 +25,7 @@ from ..config.recipe import MAX_TIMEOUT_MIN
 from ..shown import shown
 from .preflight import StartupError
 
-_SOURCES = {
+LAUNCHER_VARIABLES = {
     "RANK": ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
     "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
     "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"),
@@ -34,7 +34,7 @@ _SOURCES = {
 
 def fill_env_from_launcher() -> None:
     """RANK, WORLD_SIZE, LOCAL_RANK from MPI/SLURM variables when the launcher set none."""
-    for key, sources in _SOURCES.items():
+    for key, sources in LAUNCHER_VARIABLES.items():
         if key in os.environ:
             continue
         for source in sources:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from ..shown import shown
-from .distributed import _SOURCES as LAUNCHER_VARIABLES
+from .distributed import LAUNCHER_VARIABLES
 from .preflight import StartupError
 
 LOCK_FILE = ".infcl-ds.lock"
@@ -156,6 +156,12 @@ def take(output_dir) -> RunLock:
     _write_info(fd)
     lock = _held[os.path.realpath(path)] = RunLock(path, fd)
     return lock
+
+
+def holds(output_dir) -> bool:
+    """Whether this process holds ``output_dir``'s lock (it owns the run's files)."""
+    lock = _held.get(os.path.realpath(Path(output_dir) / LOCK_FILE))
+    return lock is not None and lock.fd is not None
 
 
 def take_if_owner(output_dir) -> Optional[RunLock]:
