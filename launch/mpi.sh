@@ -2,7 +2,7 @@
 # Train a recipe with OpenMPI's mpirun, one process per GPU, after the planner has checked it.
 #
 #   launch/mpi.sh RECIPE -np N [--hostfile F] [--master_addr A] [--master_port P]
-#                 [--gpu-memory 80GiB] [--host-memory 2TiB] [--no-plan]
+#                 [--gpu-memory 80GiB] [--host-memory 2TiB] [--cores N] [--no-plan]
 #                 [--resume TAG | --restart] [--set key=value ...] [-- more mpirun arguments]
 #
 # Each process runs `python -m infcl_ds.train` and joins the job from OpenMPI's
@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --hostfile) hostfile=$2; shift 2 ;;
     --master_addr) master_addr=$2; shift 2 ;;
     --master_port) master_port=$2; shift 2 ;;
-    --gpu-memory|--host-memory) planner+=("$1" "$2"); shift 2 ;;
+    --gpu-memory|--host-memory|--cores) planner+=("$1" "$2"); shift 2 ;;
     --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
     --restart) trainer+=("$1"); shift ;;
