@@ -14,14 +14,29 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def positive_int(text: str) -> int:
+def whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a whole number") from None
+
+
+def positive_int(text: str) -> int:
+    value = whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def whole_number_in(low: int, high: int, high_text: str = ""):
+    """An argument type: a whole number from ``low`` to ``high`` (``high_text`` names the
+    upper end in the message, e.g. '2**32 - 1')."""
+    def parse(text: str) -> int:
+        value = whole_number(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high_text or high}, got {value}")
+        return value
+    return parse
 
 
 def positive_number(text: str) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..cli_args import ArgumentParser, positive_int, positive_number
+from ..cli_args import ArgumentParser, positive_int, positive_number, whole_number_in
 from ..shown import shown
 from .errors import DataError
 
@@ -134,15 +134,8 @@ def image_side(text: str) -> int:
     return value
 
 
-def split_seed(text: str) -> int:
-    """0 to 2**32 - 1: what both numpy's generators and scikit-learn's splits take."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a whole number") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"must be 0 to 2**32 - 1, got {value}")
-    return value
+# 0 to 2**32 - 1: what both numpy's generators and scikit-learn's splits take.
+split_seed = whole_number_in(0, 2**32 - 1, "2**32 - 1")
 
 
 def holdout_fraction(text: str) -> float:
