@@ -4,7 +4,7 @@
 # parts that each fit a 10-minute command; rows accumulate in ${OUT:-docs/benchmarks}:
 #   bash launch/bench_vs_open_clip.sh b16 b16-compiled b16-open-clip-train b16-zero3-profile   # ViT-B-16, 32k
 #   bash launch/bench_vs_open_clip.sh l14 l14-compiled l14-open-clip-train              # ViT-L-14, 16k
-#   bash launch/bench_vs_open_clip.sh l14-compiled l14-float8 l14-open-clip-train-compiled   # the towers' issue (31)
+#   bash launch/bench_vs_open_clip.sh l14-compiled l14-float8 l14-open-clip-train-compiled   # the towers: compiled, float8, OpenCLIP's compiled trainer
 #   bash launch/bench_vs_open_clip.sh b16-256k b16-256k-open-clip-train   # ViT-B-16, 256k: open_clip_train's logits do not fit
 # Every row: the mean of 2 steps (256k: 1) after an untimed one of the same shapes; chunks chosen by the
 # planner (--chunk auto); open_clip_train at --local-loss --gather-with-grad --accum-freq K.
@@ -26,7 +26,7 @@ for part in "$@"; do
     l14) bench --model ViT-L-14 --batch 16k --impl infcl_ds ;;
     l14-compiled) bench --model ViT-L-14 --batch 16k --impl infcl_ds --compile ;;
     l14-open-clip-train) bench --model ViT-L-14 --batch 16k --impl open_clip_train --open-clip-train-batch-size 256 ;;
-    # --torchcompile only (half the part's time: the ratio the issues ask for)
+    # --torchcompile only (half the part's time: the compiled-against-compiled ratio)
     l14-open-clip-train-compiled) bench --model ViT-L-14 --batch 16k --impl open_clip_train --open-clip-train-batch-size 256 --open-clip-train-modes compile ;;
     b16-open-clip-train-compiled) bench --model ViT-B-16 --batch 32k --impl open_clip_train --open-clip-train-batch-size 1024 --open-clip-train-modes compile ;;
     # model.float8 (torchao's rowwise float8 linear layers; needs torchao on the GPU machine)
