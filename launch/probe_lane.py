@@ -7,7 +7,7 @@ interpreter lock with it). One GPU:
 
     PYTHONPATH=$PWD python3 launch/probe_lane.py OUT.json [SHARD_DIR]
 
-Not a benchmark of record: it finds what to change in the lane (issue 28).
+Not a benchmark of record: it finds what to change in the lane.
 """
 import json
 import sys

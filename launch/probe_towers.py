@@ -8,7 +8,7 @@ Each MODEL:CHUNK:K times K no-grad chunk passes and K forward+backward chunk pas
 `model(images, texts)` in bf16, as the engine's steps run them; the mean of 3 rounds after 2
 untimed ones. Rows are written to OUT.json as each variant ends, with the run's device and
 versions (`python -m benchmarks.plot_towers OUT.json` draws them). Used to choose the compiled
-towers' implementation (issue 14); not a benchmark of record.
+towers' implementation; not a benchmark of record.
 """
 import json
 import os

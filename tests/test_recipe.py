@@ -1,4 +1,4 @@
-"""Every recipe finding of the outside probe (issue 15) is a one-line RecipeError naming the key,
+"""Every recipe problem a hostile user tried is a one-line RecipeError naming the key,
 or the file and line, and `infcl-ds train` exits with 2 before anything heavy starts (no
 process group, no model). The typed recipe (config/recipe.py) makes most of them impossible."""
 import re
