@@ -39,7 +39,8 @@ def test_page_locked_exactly_and_copies_asynchronously():
 @pytest.mark.gpu
 @cuda
 def test_batches_assembled_ahead_are_page_locked():
-    """Decoded host batches (encoded ones hold bytes: test_encoded.py checks their pinned window)."""
+    """Decoded host batches (encoded ones hold bytes: test_decode_queue.py checks the pinned window
+    they are decoded into)."""
     from data_section import data_section
     from infcl_ds.data import build_train_data
     from infcl_ds.models import get_tokenizer

@@ -1,27 +1,27 @@
 """A rank's decode processes: started, fed, watched and stopped here, nowhere else.
 
-The pool decodes pieces of encoded local batches (DecodePieces requests) in the order they were
-planned, ahead of the engine, into a window of shared-memory slots: the engine's no-grad pass
-takes its chunks from the window while the workers fill the rest of it, and during the grad
-pass (which decodes nothing once chunks are kept) they decode the next local batch's first
-chunks. The window is the only buffer, so its size bounds the pool's host memory (the
-planner counts it: plan/memory.py).
+The pool is the worker behind a DecodeQueue (decode_queue.py): it decodes the announced pieces
+of encoded local batches (DecodePieces requests) in order, ahead of the engine, into a window of
+shared-memory slots: the engine's no-grad pass takes its chunks from the window while the
+processes fill the rest of it, and during the grad pass (which decodes nothing once chunks are
+kept) they decode the next local batch's first chunks. The window is the only buffer, so its
+size bounds the pool's host memory (the planner counts it: plan/memory.py).
 
 Why not torch's DataLoader: a persistent DataLoader driven with a settable sampler works, but
 its failure handling is torch's (a SIGCHLD handler that reports a dead worker as a RuntimeError
 from wherever the main thread is, an iterator whose shutdown races the pool's own error). Here
 a dead worker is seen through its process sentinel by the one thread that talks to the
-workers, and becomes a single DataError for whoever waits; a stalled one is a DataError after
-DECODE_TIMEOUT_S.
+workers, and closes the queue: one DataError for whoever waits; a stalled one is the queue's
+timeout.
 
 Threads and processes:
 - workers: forked when the pool is built (before any batch exists: sampler.SettableSampler says
   why), each with its own pipe; a worker decodes one piece at a time into the slot it was given.
-- the dispatcher thread (started at the first plan, after every fork of the build): sends each
-  idle worker the next planned piece that has a free slot, receives results, frees slots whose
-  device copies have completed, and notices dead workers.
-- the consumer (the training loop): `take` waits for a planned piece, copies it out of its slot
-  and `release`s the slot.
+- the dispatcher thread (started at the first announcement, after every fork of the build):
+  sends each idle worker the queue's next piece while a slot is free, hands results back to the
+  queue, frees slots whose device copies have completed, and notices dead workers.
+- the consumer (the training loop): `take` waits for an announced piece, copies it out of its
+  slot and `release`s the slot.
 """
 import mmap
 import multiprocessing
@@ -29,20 +29,19 @@ import os
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import deque
 from multiprocessing import connection
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 
+from .decode_queue import DecodeQueue, Piece
 from .errors import DataError
 from .pinned import register_pinned
 
 # Rows per decode task: small enough that a chunk spreads over the pool and the first piece is
 # ready soon, large enough that a task's overhead (pickling its bytes, one result) is amortised.
 DECODE_PIECE_ROWS = 32
-# Seconds a rank waits for one decoded piece before it gives up with an error naming the rows.
-DECODE_TIMEOUT_S = 600
 # A worker checks this often that the rank that forked it is still alive (its pipe may stay
 # open in other processes the rank forked later, so an end of file is not guaranteed).
 _PARENT_CHECK_S = 5.0
@@ -72,48 +71,34 @@ def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
             return
         if task is None:
             return
-        key, slot, request = task
+        slot, request = task
         try:
             _, pixels, source, replaced = pieces[request]
             arena[slot, :len(pixels)].copy_(pixels)
-            conn.send((key, slot, source.tolist(), replaced, None))
+            conn.send((slot, source.tolist(), replaced, None))
         except Exception as err:  # noqa: BLE001 - the piece's error, raised in the rank
-            conn.send((key, slot, None, 0, str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}"))
-
-
-class DecodePoolError(DataError):
-    """The pool cannot go on (a worker died or stalled, or it was closed)."""
-
-
-class _Entry:
-    """One planned piece: rows [lo, hi) of a batch, its request built when it is sent."""
-    __slots__ = ("lo", "hi", "request", "state", "slot", "result", "error", "taken")
-
-    def __init__(self, lo: int, hi: int, request: Callable):
-        self.lo, self.hi, self.request = lo, hi, request
-        self.state = "planned"  # -> sent -> ready (or failed) -> taken; dropped when skipped
-        self.slot = self.result = self.error = None
-        self.taken = False  # by a consumer who waits for it: not matched again
+            conn.send((slot, None, 0, str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}"))
 
 
 class Decoded:
     """A taken piece: `pixels` is a view of its slot, valid until `release`."""
 
-    def __init__(self, pool, entry: _Entry):
-        self._pool, self._entry = pool, entry
-        self.pixels = pool.arena[entry.slot, :entry.hi - entry.lo]
-        self.source, self.replaced = torch.tensor(entry.result[0], dtype=torch.int64), entry.result[1]
+    def __init__(self, pool: "DecodePool", piece: Piece):
+        self._pool = pool
+        self._slot, source, self.replaced = piece.result
+        self.pixels = pool.arena[self._slot, :piece.hi - piece.lo]
+        self.source = torch.tensor(source, dtype=torch.int64)
 
     def release(self, after: Optional["torch.cuda.Event"] = None) -> None:
         """The slot may take another piece (once `after`, a CUDA event recorded behind the copies
         out of it, has completed)."""
-        self._pool._release(self._entry.slot, after)
+        self._pool._release(self._slot, after)
 
 
 class DecodePool:
     """`workers` decode processes and a window of at least `window_rows` decoded rows
     (window_slots: pieces of [DECODE_PIECE_ROWS, *image_shape] uint8 pixels), in anonymous
-    shared memory the workers inherit."""
+    shared memory the workers inherit. `queue` is where pieces are announced and forgotten."""
 
     def __init__(self, pieces, workers: int, window_rows: int, image_shape):
         if workers < 1:
@@ -124,15 +109,18 @@ class DecodePool:
         self._map = mmap.mmap(-1, nbytes)
         self.arena = torch.frombuffer(self._map, dtype=torch.uint8).view(slots, DECODE_PIECE_ROWS, *image_shape)
         self.nbytes, self._pinned = nbytes, False
-        self._lock = threading.Condition()
-        self._batches: "OrderedDict[int, List[_Entry]]" = OrderedDict()  # planned pieces, in order
-        self._free = list(range(slots))[::-1]
-        self._releasing: list = []  # (slot, CUDA event): freed once the copies out of it are done
-        self._failure: Optional[str] = None  # why the pool stopped
+        # Slots appended from any thread and popped by the dispatcher alone: deque's appends and
+        # pops are atomic, so neither needs a lock (nor can the queue's lock wait on one).
+        self._free = deque(range(slots))
+        self._releasing: deque = deque()  # (slot, CUDA event): freed once the copies out of it are done
+        self.queue = DecodeQueue("decode pool", start=self._start, wake=self._wake,
+                                 release=lambda piece: self._free.append(piece.result[0]))
+        self._lock = threading.Lock()  # the dispatcher's start, the wake pipe, the workers' stop
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         context = multiprocessing.get_context("fork")
-        self._conns, self._procs, self._busy = [], [], []
+        self._conns, self._procs = [], []
+        self._busy: List[Optional[Piece]] = []  # the piece each worker decodes (the dispatcher's alone)
         for _ in range(workers):
             ours, theirs = context.Pipe(duplex=True)
             proc = context.Process(target=_worker_main, args=(pieces, theirs, self.arena, os.getpid()),
@@ -141,7 +129,7 @@ class DecodePool:
             theirs.close()
             self._conns.append(ours)
             self._procs.append(proc)
-            self._busy.append(None)  # the entry a worker decodes
+            self._busy.append(None)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a wake-up never blocks its caller
 
@@ -150,80 +138,24 @@ class DecodePool:
         return [p.pid for p in self._procs]
 
     # -- the consumer's side ---------------------------------------------------------------
-    def plan(self, batch_id: int, pieces: List[tuple]) -> None:
-        """Queue `pieces` ((lo, hi, make request), in the order they will be taken) for a batch;
-        a batch planned again drops what it had planned and not taken."""
-        with self._lock:
-            self._check()
-            if batch_id in self._batches:
-                self._drop(self._batches[batch_id])
-            self._batches[batch_id] = [_Entry(lo, hi, request) for lo, hi, request in pieces]
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._dispatch_loop, daemon=True, name="infcl-ds-decode-pool")
-                self._thread.start()
-        self._wake()
-
-    def forget(self, batch_id: int) -> None:
-        """The batch is gone: its planned pieces are not decoded, its slots freed."""
-        with self._lock:
-            entries = self._batches.pop(batch_id, None)
-            if entries is not None:
-                self._drop(entries)
-        self._wake()
-
     def take(self, batch_id: int, lo: int, hi: int, pin: bool = False) -> Optional[Decoded]:
-        """The decoded piece [lo, hi) of the batch, waiting for it (None if it was not planned:
-        the caller decodes it itself). Pieces planned before it are dropped (the consumer
-        has moved past them), and so are earlier batches."""
+        """The queue's piece [lo, hi) of the batch in its slot (DecodeQueue.take; None: not
+        announced, the caller decodes it itself). `pin`: page-lock the window first."""
         if pin and not self._pinned:
             self._pinned = register_pinned(self.arena)  # page-locked: copies overlap compute
-        with self._lock:
-            self._check()
-            order = list(self._batches)
-            if batch_id not in self._batches:
-                return None
-            for earlier in order[:order.index(batch_id)]:
-                self._drop(self._batches.pop(earlier))
-            entries = self._batches[batch_id]
-            at = next((i for i, e in enumerate(entries) if (e.lo, e.hi) == (lo, hi) and not e.taken), None)
-            if at is None:
-                return None
-            self._drop(entries[:at])
-            entry = entries[at]
-            # Out of the plan: nobody else takes it, but the dispatcher still sends it if it
-            # has not yet (it is the earliest piece planned, so the next to get a slot).
-            del entries[:at + 1]
-            if entry.state == "planned":
-                entries.insert(0, entry)
-                entry.taken = True
-            self._wake()
-            deadline = time.monotonic() + DECODE_TIMEOUT_S
-            while entry.state in ("planned", "sent") and self._failure is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._fail(f"gave no decoded piece in {DECODE_TIMEOUT_S} s (a stalled decode worker?)")
-                    break
-                self._lock.wait(min(left, 1.0))
-            if entry.taken and entry in entries:
-                entries.remove(entry)
-            self._check()
-            if entry.state == "failed":
-                self._free_slot(entry.slot)
-                raise DataError(entry.error)
-            return Decoded(self, entry)
+        piece = self.queue.take(batch_id, lo, hi)
+        return None if piece is None else Decoded(self, piece)
 
     def close(self, why: str = "was closed") -> None:
-        """Stop the workers and the dispatcher and wait for them (killing a worker that does
-        not leave within _JOIN_S). Later calls raise DataError naming `why`."""
+        """Close the queue, stop the workers and the dispatcher and wait for them (killing a
+        worker that does not leave within _JOIN_S). Later calls raise DataError naming `why`."""
+        self.queue.close(why)
         with self._lock:
-            if self._failure is None:
-                self._failure = why
-            self._lock.notify_all()
-        self._wake()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_S)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
         self._stop_workers()
-        if self._thread is None or not self._thread.is_alive():  # nobody waits on the wake pipe now
+        if thread is None or not thread.is_alive():  # nobody waits on the wake pipe now
             with self._lock:
                 # Forgotten first, closed second: a later _wake() must not write to a reused number.
                 fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
@@ -231,32 +163,19 @@ class DecodePool:
                 if fd is not None:
                     os.close(fd)
 
-    # -- shared state, under the lock --------------------------------------------------------
-    def _check(self) -> None:
-        if self._failure is not None:
-            raise DecodePoolError(f"the decode pool {self._failure}")
-
-    def _drop(self, entries: List[_Entry]) -> None:
-        for entry in entries:
-            if entry.state == "ready":
-                self._free_slot(entry.slot)
-            entry.state = "dropped"  # a sent one frees its slot when its result comes
-
-    def _free_slot(self, slot: int) -> None:
-        self._free.append(slot)
-
     def _release(self, slot: int, after) -> None:
-        with self._lock:
-            if after is None:
-                self._free_slot(slot)
-            else:
-                self._releasing.append((slot, after))
+        if after is None:
+            self._free.append(slot)
+        else:
+            self._releasing.append((slot, after))
         self._wake()
 
-    def _fail(self, why: str) -> None:
-        if self._failure is None:
-            self._failure = why
-        self._lock.notify_all()
+    # -- the queue's worker ------------------------------------------------------------------
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None and self._wake_r is not None:  # not once closed
+                self._thread = threading.Thread(target=self._dispatch_loop, daemon=True, name="infcl-ds-decode-pool")
+                self._thread.start()
 
     def _wake(self) -> None:
         with self._lock:
@@ -267,28 +186,17 @@ class DecodePool:
                     pass
 
     # -- the dispatcher thread ---------------------------------------------------------------
-    def _next_planned(self) -> Optional[_Entry]:
-        for entries in self._batches.values():
-            for entry in entries:
-                if entry.state == "planned":
-                    return entry
-        return None
-
     def _dispatch_loop(self) -> None:
         sentinels = {p.sentinel: i for i, p in enumerate(self._procs)}
         conns = {id(c): i for i, c in enumerate(self._conns)}
-        while True:
-            with self._lock:
-                if self._failure is not None:
-                    break
-                self._free_copied()
-                sends = self._assign()
-                polling = bool(self._releasing)
-            for worker, task in sends:
+        while not self.queue.closed:
+            self._free_copied()
+            for worker, task in self._assign():
                 try:
                     self._conns[worker].send(task)
                 except (OSError, EOFError):
                     pass  # a dead worker: its sentinel says so below
+            polling = bool(self._releasing)
             ready = connection.wait([*self._conns, *sentinels, self._wake_r], timeout=0.002 if polling else 1.0)
             for item in ready:
                 if item == self._wake_r:
@@ -300,43 +208,37 @@ class DecodePool:
         self._stop_workers()
 
     def _free_copied(self) -> None:
-        done = [(slot, event) for slot, event in self._releasing if event.query()]
-        for slot, event in done:
-            self._releasing.remove((slot, event))
-            self._free_slot(slot)
+        for _ in range(len(self._releasing)):
+            slot, event = self._releasing.popleft()
+            if event.query():
+                self._free.append(slot)
+            else:
+                self._releasing.append((slot, event))
 
     def _assign(self) -> list:
-        """Idle workers get the next planned pieces that have a free slot."""
+        """Idle workers get the queue's next pieces while a slot is free: (worker, task)."""
         sends = []
-        idle = [worker for worker, busy in enumerate(self._busy) if busy is None]
-        while idle and self._free:
-            entry = self._next_planned()
-            if entry is None:
+        for worker in [w for w, busy in enumerate(self._busy) if busy is None]:
+            got = self.queue.next_piece() if self._free else None
+            if got is None:
                 break
-            request = entry.request()
-            if request is None:  # its batch is gone (forget() is on its way)
-                entry.state = "dropped"
-                continue
-            worker = idle.pop(0)
-            entry.state, entry.slot = "sent", self._free.pop()
-            self._busy[worker] = entry
-            sends.append((worker, (id(entry), entry.slot, request)))
+            piece, request = got
+            slot = self._free.popleft()
+            self._busy[worker] = piece
+            sends.append((worker, (slot, request)))
         return sends
 
     def _receive(self, worker: int) -> None:
         try:
-            _key, slot, source, replaced, error = self._conns[worker].recv()
+            slot, source, replaced, error = self._conns[worker].recv()
         except (EOFError, OSError):
             return  # it died: its sentinel reports it
-        with self._lock:
-            entry, self._busy[worker] = self._busy[worker], None
-            if entry.state == "dropped":
-                self._free_slot(slot)
-            elif error is not None:
-                entry.state, entry.error = "failed", error
-            else:
-                entry.state, entry.result = "ready", (source, replaced)
-            self._lock.notify_all()
+        piece, self._busy[worker] = self._busy[worker], None
+        if error is not None:
+            self._free.append(slot)
+            self.queue.failed(piece, DataError(error))
+        elif not self.queue.done(piece, (slot, source, replaced)):
+            self._free.append(slot)  # dropped meanwhile: nobody takes it
 
     def _worker_died(self, worker: int) -> None:
         proc = self._procs[worker]
@@ -344,10 +246,9 @@ class DecodePool:
         code = proc.exitcode
         how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else
                f"exited with code {code}")
-        entry = self._busy[worker]
-        rows = f" while decoding local batch rows {entry.lo}-{entry.hi - 1}" if entry is not None else ""
-        with self._lock:
-            self._fail(f"stopped: decode worker {proc.pid} {how}{rows}")
+        piece = self._busy[worker]
+        rows = f" while decoding local batch rows {piece.lo}-{piece.hi - 1}" if piece is not None else ""
+        self.queue.close(f"stopped: decode worker {proc.pid} {how}{rows}")
 
     def _stop_workers(self) -> None:
         with self._lock:  # once: from close() or from the dispatcher, whichever comes first

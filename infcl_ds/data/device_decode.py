@@ -2,11 +2,11 @@
 the GPU's share of `hybrid`), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder:
 torchvision`, in the decode processes); then open_clip's crop and resize with torch.
 
-The crop is drawn exactly as the PIL path (data/encoded.py) draws it, from the same per-slot
+The crop is drawn exactly as the PIL path (data/decode_pieces.py) draws it, from the same per-slot
 seed (CropGeometry); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling,
 torch's bicubic resize; how close: tests/test_encoded.py, docs/training.md). Images that are not
 JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image
-neither can decode is replaced as in data/encoded.py.
+neither can decode is replaced as in data/decode_pieces.py.
 
 On the GPU a piece is one batched call of torchvision's decoder (nvJPEG; the hardware engine on
 A100 and later, off the SMs) and one launch that crops and resizes all its images
@@ -23,7 +23,7 @@ from torchvision.transforms import functional as F
 
 from .crop_draws import crop_draws, random_resized_crop_params
 from .device_lane import handed_over
-from .encoded import DecodePieces, replacement_sources
+from .decode_pieces import DecodePieces, replacement_sources
 from .samples import SkipSample, decode_image
 from .transforms import sample_seed
 

@@ -1,12 +1,13 @@
 """Local batches held as the shards store them (a JPEG of ~10-30 KB, not 147 KB of 224 px
-pixels), decoded chunk by chunk in the order the engine announces, by a pool of processes
-(decode_pool.py) that decodes ahead without idling at pass or step boundaries.
+pixels), decoded chunk by chunk in the order the engine announces, ahead of it, by a pool of
+processes (decode_pool.py) and/or the GPU decoder's lane (device_lane.py).
 
-The engine announces each batch's order (`EncodedBatch.schedule`: its chunks, in one pass or
-two); chunks kept on the device between the passes are not decoded again. The pool remembers
-the order and plans the next batch with it as soon as that batch is assembled, so during a
-step's grad pass it already decodes the next step's first chunks. A request out of the planned
-order is decoded in the calling process (slower, same pixels). Every decode of a row gives
+The engine announces each step's order to its batch (`EncodedBatch.announce_passes`: the chunks
+of every pass); chunks kept on the device between the passes are not decoded again. The rank's
+ChunkDecoder turns the order into decode pieces for each decoder's queue (decode_queue.py),
+remembers it, and announces it for the next batch as soon as that batch is assembled, so during
+a step's grad pass the decoders already decode the next step's first chunks. A chunk nobody
+announced is decoded in the calling process (slower, same pixels). Every decode of a row gives
 bit-identical pixels: the same bytes, augmented under the same per-slot seed
 (transforms.transform_image).
 """
@@ -14,7 +15,7 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -23,14 +24,13 @@ from torch.utils.data import Dataset
 
 from ..shown import shown
 from .batch import normalize
-from .decode_pool import DECODE_PIECE_ROWS, DecodePool, DecodePoolError
+from .decode_pieces import DecodePieces
+from .decode_pool import DECODE_PIECE_ROWS, DecodePool
+from .decode_queue import DecodeStopped
+from .device_decode import BatchedDevicePieces, DevicePieces
+from .device_lane import DeviceLane
 from .errors import DataError
-from .samples import SkipSample, decode_image, load_or_replace
-from .transforms import transform_image
-
-# Passes of the engine over a local batch of several chunks when it announced nothing: without
-# grad, then with grad (engine/step.py).
-ENGINE_PASSES = 2
+from .samples import load_or_replace
 
 
 # -- worker side: reading (no decoding) ---------------------------------------------------
@@ -66,43 +66,6 @@ class EncodedCollate:
 
 
 # -- decoding ------------------------------------------------------------------------------
-class DecodePieces(Dataset):
-    """A decode request -> the piece's pixels. Request: (row0, blobs, epoch, slot indices);
-    result: (row0, uint8 [n, 3, H, W], source rows int64 [n] (row r shows row source[r] of the
-    piece, r itself unless its image did not decode: then the next decodable row of the piece,
-    wrapping around), count of rows replaced)."""
-
-    def __init__(self, transform, seed: int):
-        self.transform, self.seed = transform, seed
-
-    def images(self, blobs, epoch: int, indices) -> List[Optional[torch.Tensor]]:
-        """Each blob's augmented uint8 [3, H, W] image, None where it does not decode."""
-        images = []
-        for blob, index in zip(blobs, indices):
-            try:
-                images.append(transform_image(self.transform, decode_image(blob), self.seed, epoch, index))
-            except SkipSample:
-                images.append(None)
-        return images
-
-    def __getitem__(self, request):
-        row0, blobs, epoch, indices = request
-        images = self.images(blobs, epoch, indices)
-        source = replacement_sources([image is not None for image in images], row0)
-        pixels = torch.stack([images[s] for s in source])
-        return row0, pixels, torch.tensor(source, dtype=torch.int64), sum(image is None for image in images)
-
-
-def replacement_sources(decoded: Sequence[bool], row0: int) -> List[int]:
-    """Row r of a piece shows row source[r]: r itself if it `decoded`, else the next row of the
-    piece that did (wrapping around). A piece with none is a DataError naming its rows."""
-    usable = [r for r, ok in enumerate(decoded) if ok]
-    if not usable:
-        raise DataError(f"local batch rows {row0}-{row0 + len(decoded) - 1}: no image of these "
-                        f"{len(decoded)} decodes")
-    return [r if decoded[r] else next((u for u in usable if u > r), usable[0]) for r in range(len(decoded))]
-
-
 class _InProcess:
     """A piece decoded in the calling process, shaped like decode_pool.Decoded."""
 
@@ -114,6 +77,7 @@ class _InProcess:
 
 
 DECODERS = ("pil", "torchvision", "nvjpeg", "hybrid")
+Span = Tuple[int, int]
 
 
 class ChunkDecoder:
@@ -124,21 +88,19 @@ class ChunkDecoder:
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
       on `device`: both decode each chunk at once, each at its own rate.
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
-    and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py)."""
+    and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py).
+
+    The order the engine announced last, for batches of its size, is announced to each batch
+    assembled after it; a batch assembled first waits for the engine's."""
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
                  image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None):
         if decoder not in DECODERS:
             raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
-        if decoder == "torchvision":
-            from .device_decode import DevicePieces  # it builds on this module
-            self.pieces = DevicePieces(transform, seed)
-        else:  # the processes' decoder, and the calling process's for a chunk out of the plan
-            self.pieces = DecodePieces(transform, seed)
+        # The processes' decoder, and the calling process's for a chunk nobody announced.
+        self.pieces = DevicePieces(transform, seed) if decoder == "torchvision" else DecodePieces(transform, seed)
         self.gpu, self.gpu_share, self.lane = None, 0.0, None
         if decoder in ("nvjpeg", "hybrid"):
-            from .device_decode import BatchedDevicePieces
-            from .device_lane import DeviceLane
             self.gpu = BatchedDevicePieces(transform, seed, device)
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
@@ -151,72 +113,97 @@ class ChunkDecoder:
             if image_size is None:
                 raise ValueError("a decode pool needs the image size (its window's slots)")
             self.pool = DecodePool(self.pieces, workers, window_rows, (3, image_size, image_size))
-        self._lock = threading.Lock()
-        self._schedule = None  # (rows, passes): the engine's last announced order
-        self._waiting: List[weakref.ref] = []  # batches assembled before any order was known
+        self._workers = [worker for worker in (self.pool, self.lane) if worker is not None]
+        # Re-entrant: a batch collected while this thread holds it runs _forget (weakref.finalize).
+        self._lock = threading.RLock()
+        self._order = None  # (rows, passes): the engine's last announced order
+        self._waiting: List[weakref.ref] = []  # batches assembled before an order for their size
+        self._announced: Dict[int, Tuple[List[Span], List[Span]]] = {}  # serial -> pieces_in(...)
         self._serials = itertools.count()
         self._closed = None
 
-    def split(self, lo: int, hi: int) -> Tuple[List[Tuple[int, int]], Optional[Tuple[int, int]]]:
+    def split(self, lo: int, hi: int) -> Tuple[List[Span], Optional[Span]]:
         """Rows [lo, hi) as (the processes' pieces, the device's rows or None). A function of
         the chunk alone: a row is decoded by the same decoder in both passes and at a resume."""
         gpu_rows = round((hi - lo) * self.gpu_share)
         cut = hi - gpu_rows
         return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
 
-    def decode_on_device(self, serial: int, lo: int, hi: int, request: Callable):
-        """Rows [lo, hi) decoded on the device, from the lane when planned, else here: (row0,
-        uint8 pixels there, source rows, replaced)."""
-        got = self.lane.take(serial, lo, hi)
-        return got if got is not None else self.gpu[request()]
+    def pieces_in(self, passes, keep_rows: int) -> Tuple[List[Span], List[Span]]:
+        """The engine's `passes` as the processes' pieces and the device's rows, in the order
+        they will be taken; a chunk kept on the device between passes (within `keep_rows`) once."""
+        seen, pieces, on_device = set(), [], []
+        for chunks in passes:
+            for lo, hi in chunks:
+                if (lo, hi) in seen and hi <= keep_rows:
+                    continue  # served again from the device
+                seen.add((lo, hi))
+                cpu, gpu = self.split(lo, hi)
+                pieces += cpu
+                on_device += [gpu] if gpu else []
+        return pieces, on_device
 
     @property
     def pids(self) -> List[int]:
         return self.pool.pids if self.pool is not None else []
 
     def register(self, batch: "EncodedBatch") -> int:
-        """A new batch: planned now with the last announced order if it has the same rows, else
-        when the engine announces one. Returns the batch's serial number in the pool."""
+        """A new batch: announced now with the engine's last order if it has the same rows,
+        else when the engine announces one. Returns the batch's serial number in the queues."""
         serial = next(self._serials)
-        for planner in (self.pool, self.lane):
-            if planner is not None:
-                weakref.finalize(batch, planner.forget, serial)
+        weakref.finalize(batch, self._forget, serial)
         with self._lock:
-            known = self._schedule
-            if known is None or known[0] != len(batch):
+            passes = self._order[1] if self._order is not None and self._order[0] == len(batch) else None
+            if passes is None:
                 self._waiting.append(weakref.ref(batch))
-                known = None
-        if known is not None:
-            batch._plan(known[1], serial)
+        if passes is not None:
+            self._announce(batch, serial, passes)
         return serial
 
-    def announce(self, batch: "EncodedBatch", passes) -> None:
+    def announce_passes(self, batch: "EncodedBatch", passes) -> None:
         """The engine's order for `batch` (and, until it says otherwise, for the batches after it)."""
         with self._lock:
-            self._schedule = (len(batch), passes)
-            waiting, self._waiting = [ref() for ref in self._waiting], []
-        batch._plan(passes)
+            self._order = (len(batch), passes)
+            waiting = [other for other in (ref() for ref in self._waiting) if other is not None and other is not batch]
+            self._waiting = [weakref.ref(other) for other in waiting if len(other) != len(batch)]
+        self._announce(batch, batch.serial, passes)
         for other in waiting:  # in the order they were assembled
-            if other is not None and other is not batch:
-                if len(other) == len(batch):
-                    other._plan(passes)
-                else:
-                    with self._lock:
-                        self._waiting.append(weakref.ref(other))
+            if len(other) == len(batch):
+                self._announce(other, other.serial, passes)
 
-    def plan(self, serial: int, pieces, device_pieces=()) -> None:
-        """A batch's order: the processes' pieces and the device's, each (lo, hi, make request)."""
-        if self.pool is not None:
-            self.pool.plan(serial, pieces)
-        if self.lane is not None:
-            self.lane.plan(serial, list(device_pieces))
+    def _announce(self, batch: "EncodedBatch", serial: int, passes) -> None:
+        """`passes` announced to the queues for `batch`; the same pieces again keep what they decoded."""
+        announced = self.pieces_in(passes, batch.keep_rows)
+        with self._lock:
+            if self._announced.get(serial) == announced:
+                return
+            self._announced[serial] = announced
+        ref = weakref.ref(batch)  # the queues must not keep a dropped batch alive
+
+        def request(lo, hi):
+            return lambda: None if ref() is None else ref().request(lo, hi)
+        for worker, spans in ((self.pool, announced[0]), (self.lane, announced[1])):
+            if worker is not None:
+                worker.queue.announce(serial, [(lo, hi, request(lo, hi)) for lo, hi in spans])
+
+    def _forget(self, serial: int) -> None:
+        with self._lock:
+            self._announced.pop(serial, None)
+        for worker in self._workers:
+            worker.queue.forget(serial)
 
     def take(self, serial: int, lo: int, hi: int, request, pin: bool):
-        """Rows [lo, hi) decoded: from the pool when planned, else here."""
+        """Rows [lo, hi) of the processes' share decoded: from the pool when announced, else here."""
         if self._closed:
             raise DataError(f"the decode pool {self._closed}: its batches cannot be decoded")
         got = self.pool.take(serial, lo, hi, pin) if self.pool is not None else None
         return got if got is not None else _InProcess(self.pieces[request()])
+
+    def take_on_device(self, serial: int, lo: int, hi: int, request):
+        """Rows [lo, hi) decoded on the device, from the lane when announced, else here: (row0,
+        uint8 pixels there, source rows, replaced)."""
+        got = self.lane.take(serial, lo, hi)
+        return got if got is not None else self.gpu[request()]
 
     def decode_now(self, request):
         return self.pieces[request]
@@ -224,13 +211,11 @@ class ChunkDecoder:
     def close(self, why: str = "was closed (TrainData.close)") -> None:
         """End the decode workers now (not at garbage collection, wherever that happens)."""
         self._closed = why
-        if self.pool is not None:
-            self.pool.close(why)
-        if self.lane is not None:
-            self.lane.close(why)
+        for worker in self._workers:
+            worker.close(why)
 
 
-def _cut(lo: int, hi: int) -> List[Tuple[int, int]]:
+def _cut(lo: int, hi: int) -> List[Span]:
     """Rows [lo, hi) as decode pieces of at most DECODE_PIECE_ROWS rows."""
     return [(p, min(p + DECODE_PIECE_ROWS, hi)) for p in range(lo, hi, DECODE_PIECE_ROWS)]
 
@@ -256,11 +241,10 @@ class EncodedBatch:
         self.keep_rows = keep_rows
         self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
         self._asked = set()           # chunks requested once already
-        self._planned = None          # the pieces planned with the pool, in order
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
         self._counted = set()
-        self._serial = decoder.register(self)
+        self.serial = decoder.register(self)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -271,57 +255,35 @@ class EncodedBatch:
         return (sum(b.numel() for b in self._blobs) + self.texts.numel() * self.texts.element_size()
                 + 8 * len(self.indices) + self._piece.nbytes + self._size.nbytes + self._start.nbytes)
 
-    def _request(self, lo: int, hi: int):
+    def request(self, lo: int, hi: int):
+        """The decode request for rows [lo, hi): (row0, their bytes, epoch, slot indices)."""
         rows = zip(self._piece[lo:hi].tolist(), self._start[lo:hi].tolist(), self._size[lo:hi].tolist())
         return lo, [self._blobs[p][s:s + n].numpy().tobytes() for p, s, n in rows], self.epoch, self.indices[lo:hi]
 
-    def schedule(self, passes: Sequence[Sequence[Tuple[int, int]]]) -> None:
-        """The engine's order: `passes`, each a list of (lo, hi) chunks in the order it will ask
-        for them (one pass for a batch of one chunk). Chunks kept between the passes
-        (keep_rows) are decoded once."""
-        self.decoder.announce(self, [list(map(tuple, chunks)) for chunks in passes])
-
-    def _plan(self, passes, serial: Optional[int] = None) -> None:
-        seen, pieces, on_device = set(), [], []
-        for chunks in passes:
-            for lo, hi in chunks:
-                if (lo, hi) in seen and hi <= self.keep_rows:
-                    continue  # served again from the device
-                seen.add((lo, hi))
-                cpu, gpu = self.decoder.split(lo, hi)
-                pieces += cpu
-                on_device += [gpu] if gpu else []
-        if (pieces, on_device) == self._planned:
-            return
-        self._planned = (pieces, on_device)
-        ref = weakref.ref(self)  # the pool must not keep a dropped batch alive
-
-        def request(lo, hi):
-            return lambda: None if ref() is None else ref()._request(lo, hi)
-        self.decoder.plan(self._serial if serial is None else serial, [(lo, hi, request(lo, hi)) for lo, hi in pieces],
-                          [(lo, hi, request(lo, hi)) for lo, hi in on_device])
+    def announce_passes(self, passes: Sequence[Sequence[Span]]) -> None:
+        """The engine's order for this step: `passes`, each a list of (lo, hi) chunks in the
+        order it will ask for them. The decoders decode them ahead, chunks kept between the
+        passes (keep_rows) once; until an order is announced, chunks are decoded in the calling
+        process."""
+        self.decoder.announce_passes(self, [list(map(tuple, chunks)) for chunks in passes])
 
     def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
-        their tokens) replaced; on `device` (default: the host). A dead or stalled decode worker
-        is a DataError, and the pool stops."""
+        their tokens) replaced; on `device` (default: the host). A dead or stalled decoder (a
+        decode process, the GPU decoder's lane) is a DataError, and the rank's decoding stops."""
         try:
             return self._decoded(lo, hi, torch.device("cpu") if device is None else torch.device(device))
-        except DecodePoolError as err:
+        except DecodeStopped as err:
             self.decoder.close(why=f"stopped when decoding local batch rows {lo}-{hi - 1} failed")
             raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from None
 
     def _decoded(self, lo: int, hi: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._planned is None:  # nobody announced an order: the engine's usual one
-            chunks = [(a, min(a + hi - lo, len(self))) for a in range(0, len(self), hi - lo)]
-            self.schedule([chunks] * ENGINE_PASSES)
         pieces, on_device = self.decoder.split(lo, hi)
         images, rows = None, {}
         if on_device is not None:  # first: the processes go on decoding their rows meanwhile
             a, b = on_device
             started = time.perf_counter()
-            _, pixels, source, replaced = self.decoder.decode_on_device(self._serial, a, b,
-                                                                        lambda: self._request(a, b))
+            _, pixels, source, replaced = self.decoder.take_on_device(self.serial, a, b, lambda: self.request(a, b))
             self.decode_wait_s += time.perf_counter() - started
             if not pieces and pixels.device == device:
                 images = pixels
@@ -332,7 +294,7 @@ class EncodedBatch:
             self._count(a, replaced)
         for a, b in pieces:
             started = time.perf_counter()
-            piece = self.decoder.take(self._serial, a, b, lambda a=a, b=b: self._request(a, b),
+            piece = self.decoder.take(self.serial, a, b, lambda a=a, b=b: self.request(a, b),
                                       pin=device.type == "cuda")
             self.decode_wait_s += time.perf_counter() - started
             if images is None:

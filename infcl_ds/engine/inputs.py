@@ -5,7 +5,7 @@ asks its batch for ``chunk(lo, hi, device, dtype)`` twice per chunk, once per pa
 the same inputs both times. ``infcl_ds.data.HostBatch`` (pinned uint8 images, normalised per
 chunk on the device) has this interface; ``TensorBatch`` gives it to plain tensors. A batch
 that prepares its chunks ahead (``infcl_ds.data.EncodedBatch`` decodes them) may also have
-``schedule(passes)``: the engine calls it first with the chunks it will ask for, pass by pass.
+``announce_passes(passes)``: the engine calls it first with the chunks it will ask for, pass by pass.
 """
 from typing import Protocol, Tuple
 

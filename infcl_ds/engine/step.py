@@ -43,7 +43,9 @@ def engine_passes(chunks: int, zero_stage: int, offload_features: bool = False, 
     instead of 4, the same gradients); else 2 (without grad, then with grad). Not one under
     ZeRO-3 (the loss phase gathers the logit scale between the forward and the backward of a
     partitioned model), nor with feature offload or the replay check, which exist for the
-    chunked path. The planner counts decodes with it."""
+    chunked path. Each pass asks for every chunk in order: the engine announces the passes to a
+    batch that decodes ahead (`announce_passes`, once per step), and the planner counts decodes
+    with this function."""
     one = chunks == 1 and zero_stage < 3 and not offload_features and not verify_replay
     return 1 if one else 2
 
@@ -197,11 +199,11 @@ class ContrastiveEngine:
         batch = images if texts is None else TensorBatch(images, texts)
         device = next(self.model.parameters()).device
         chunks = self._chunks(len(batch))
-        one_pass = len(chunks) == 1 and self._one_pass_allowed()
-        announce = getattr(batch, "schedule", None)
+        passes = [chunks] * self._passes(len(chunks))  # every pass asks for every chunk, in order
+        announce = getattr(batch, "announce_passes", None)
         if announce is not None:  # a batch that decodes ahead learns the order it will be asked in
-            announce([chunks] if one_pass else [chunks, chunks])
-        if one_pass:
+            announce(passes)
+        if len(passes) == 1:
             return self._forward_backward_one_chunk(batch, chunks[0], device)
         with self.phases("encode"):
             states, feats = self._encode_without_grad(batch, chunks, device)
@@ -215,10 +217,10 @@ class ContrastiveEngine:
         _set_rng_state(after, device)
         return loss
 
-    def _one_pass_allowed(self) -> bool:
+    def _passes(self, chunks: int) -> int:
         settings = self.settings
-        return engine_passes(1, self.deepspeed.zero_optimization_stage(), settings.offload_features,
-                             settings.verify_replay) == 1
+        return engine_passes(chunks, self.deepspeed.zero_optimization_stage(), settings.offload_features,
+                             settings.verify_replay)
 
     def _forward_backward_one_chunk(self, batch, chunk, device):
         lo, hi = chunk  # one chunk: its gradients need no fp32 sum across chunks

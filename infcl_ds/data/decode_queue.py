@@ -1,0 +1,209 @@
+"""The decode pieces announced for a rank's local batches, in the order the engine will take
+them: the queue between the training loop and a decoder's worker, the same for every worker.
+The process pool's dispatcher thread (decode_pool.py) and the GPU decoder's lane thread
+(device_lane.py) each pull pieces from a queue of their own and hand the results back; the
+training loop takes them.
+
+A piece is announced, then decoding (a worker made its request and decodes it), then ready or
+failed; it is taken once. It is dropped, never decoded or never taken, when the consumer moves
+past it (a piece announced before the one it takes, or an earlier batch), when its batch is
+forgotten (collected) or announced again, or when the queue closes.
+
+A worker behind the queue is told three things, each optional:
+- `start()`: at the first announcement, so that its thread starts after every fork of the
+  build (sampler.SettableSampler says why);
+- `wake()`: something it may act on changed (a piece announced or taken, room freed, the queue
+  closed); a worker that waits in `next_piece(wait=True)` needs none;
+- `release(piece)`: a decoded piece nobody will take: free what holds its pixels (a slot).
+
+A consumer waits DECODE_TIMEOUT_S at most for a piece; then the queue closes, and every wait and
+later call raises DecodeStopped naming why, in one line.
+"""
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import DataError
+
+# Seconds a rank waits for one decoded piece before it gives up with an error.
+DECODE_TIMEOUT_S = 600
+
+ANNOUNCED, DECODING, READY, FAILED, DROPPED = "announced", "decoding", "ready", "failed", "dropped"
+
+
+class DecodeStopped(DataError):
+    """A queue that cannot go on: its worker died or stalled, or it was closed."""
+
+
+class Piece:
+    """Rows [lo, hi) of a batch. `request()` makes its decode request (None once the batch is
+    gone); `result` is what the worker handed back, `error` what it raised."""
+    __slots__ = ("lo", "hi", "request", "state", "result", "error", "taken")
+
+    def __init__(self, lo: int, hi: int, request: Callable):
+        self.lo, self.hi, self.request = lo, hi, request
+        self.state = ANNOUNCED
+        self.result = self.error = None
+        self.taken = False  # a consumer waits for it: not matched again
+
+
+class DecodeQueue:
+    """Announced pieces per batch id, batches in the order they were announced. `window_rows`:
+    at most that many decoded rows wait in the queue (decoding or ready; one piece at least),
+    or None where the worker bounds them itself (the pool's slots). `name` says whose queue it
+    is in errors ("the decode pool ...")."""
+
+    def __init__(self, name: str, *, window_rows: Optional[int] = None, start: Optional[Callable] = None,
+                 wake: Optional[Callable] = None, release: Optional[Callable] = None):
+        self.name, self._window = name, window_rows
+        self._start, self._wake, self._release = start, wake, release
+        # Re-entrant (an RLock): a batch collected while this thread holds it calls forget().
+        self._cond = threading.Condition()
+        self._batches: "OrderedDict[int, List[Piece]]" = OrderedDict()
+        self._started = False
+        self._closed: Optional[str] = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def queued(self) -> Dict[int, List[Tuple[int, int, str]]]:
+        """(lo, hi, state) of every piece in the queue, per batch id, in order."""
+        with self._cond:
+            return {batch: [(p.lo, p.hi, p.state) for p in pieces] for batch, pieces in self._batches.items()}
+
+    # -- the consumer's side -------------------------------------------------------------------
+    def announce(self, batch_id: int, pieces: Sequence[Tuple[int, int, Callable]]) -> None:
+        """`pieces` ((lo, hi, make request), in the order they will be taken) of a batch; a batch
+        announced again drops what it had announced and not taken, and keeps its place."""
+        with self._cond:
+            self._check()
+            self._drop(self._batches.get(batch_id, []))
+            self._batches[batch_id] = [Piece(lo, hi, request) for lo, hi, request in pieces]
+            first, self._started = not self._started, True
+            self._cond.notify_all()
+        if first and self._start is not None:
+            self._start()
+        self._wake_worker()
+
+    def forget(self, batch_id: int) -> None:
+        """The batch is gone: its pieces are not decoded, nor kept."""
+        with self._cond:
+            self._drop(self._batches.pop(batch_id, []))
+            self._cond.notify_all()
+        self._wake_worker()
+
+    def take(self, batch_id: int, lo: int, hi: int) -> Optional[Piece]:
+        """The decoded piece [lo, hi) of the batch, waiting for it; None if it was not announced
+        (or its batch was let go meanwhile): the caller decodes it itself. Pieces announced
+        before it, and earlier batches, are dropped: the consumer has moved past them. A piece
+        that failed raises its worker's error."""
+        with self._cond:
+            self._check()
+            piece = self._claim(batch_id, lo, hi)
+        self._wake_worker()  # it is first in line now, and what was dropped left room
+        if piece is None:
+            return None
+        with self._cond:
+            decoded = self._cond.wait_for(lambda: piece.state not in (ANNOUNCED, DECODING) or self.closed,
+                                          DECODE_TIMEOUT_S)
+            pieces = self._batches.get(batch_id, [])
+            if decoded and piece in pieces:
+                pieces.remove(piece)
+                self._cond.notify_all()  # its rows left the window
+        if not decoded:  # dropped with the rest: its worker frees what holds it
+            self.close(f"gave no decoded piece in {DECODE_TIMEOUT_S} s (a stalled decoder?)")
+        self._check()
+        if piece.state == FAILED:
+            raise piece.error
+        return piece if piece.state == READY else None
+
+    def close(self, why: str = "was closed") -> None:
+        """No more pieces: waits and later calls raise DecodeStopped naming `why` (the first
+        reason given wins)."""
+        with self._cond:
+            if self._closed is None:
+                self._closed = why
+            for pieces in self._batches.values():
+                self._drop(pieces)
+            self._batches.clear()
+            self._cond.notify_all()
+        self._wake_worker()
+
+    # -- the worker's side ---------------------------------------------------------------------
+    def next_piece(self, wait: bool = False) -> Optional[Tuple[Piece, Any]]:
+        """The earliest announced piece that has room in the window, now decoding, and its
+        request; None if there is none (with `wait`: None once the queue closes)."""
+        while True:
+            with self._cond:
+                piece = self._next()
+                while piece is None and wait and not self.closed:
+                    self._cond.wait()
+                    piece = self._next()
+                if piece is None or self.closed:
+                    return None
+                piece.state = DECODING
+            request = piece.request()  # outside the lock: it copies the piece's bytes
+            if request is not None:
+                return piece, request
+            with self._cond:  # its batch is gone (forget() is on its way)
+                piece.state = DROPPED
+                self._cond.notify_all()
+
+    def done(self, piece: Piece, result) -> bool:
+        """The worker decoded `piece`. False if nobody will take it (dropped meanwhile): the
+        worker frees what holds it."""
+        with self._cond:
+            if piece.state != DECODING:
+                return False
+            piece.state, piece.result = READY, result
+            self._cond.notify_all()
+            return True
+
+    def failed(self, piece: Piece, error: BaseException) -> None:
+        """The worker could not decode `piece`: `error` is raised where it is taken."""
+        with self._cond:
+            if piece.state == DECODING:
+                piece.state, piece.error = FAILED, error
+                self._cond.notify_all()
+
+    # -- under the lock ------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed is not None:
+            raise DecodeStopped(f"the {self.name} {self._closed}")
+
+    def _claim(self, batch_id: int, lo: int, hi: int) -> Optional[Piece]:
+        if batch_id not in self._batches:
+            return None
+        order = list(self._batches)
+        for earlier in order[:order.index(batch_id)]:
+            self._drop(self._batches.pop(earlier))
+        pieces = self._batches[batch_id]
+        at = next((i for i, p in enumerate(pieces) if (p.lo, p.hi) == (lo, hi) and not p.taken), None)
+        if at is not None:
+            self._drop(pieces[:at])
+            del pieces[:at]
+            pieces[0].taken = True  # still announced: the worker's next piece
+        self._cond.notify_all()
+        return None if at is None else pieces[0]
+
+    def _drop(self, pieces: List[Piece]) -> None:
+        for piece in pieces:
+            if piece.state == READY and self._release is not None:
+                self._release(piece)
+            piece.state = DROPPED  # a decoding one: its worker frees it when it is done
+
+    def _next(self) -> Optional[Piece]:
+        waiting = 0 if self._window is None else sum(
+            p.hi - p.lo for pieces in self._batches.values() for p in pieces if p.state in (DECODING, READY))
+        for pieces in self._batches.values():
+            for piece in pieces:
+                if piece.state == ANNOUNCED:
+                    fits = self._window is None or not waiting or waiting + piece.hi - piece.lo <= self._window
+                    return piece if fits else None
+        return None
+
+    def _wake_worker(self) -> None:
+        if self._wake is not None:
+            self._wake()
+
