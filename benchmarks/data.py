@@ -47,11 +47,19 @@ def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, se
     return data
 
 
+def one_pass(batch, chunk: int):
+    """`batch`'s chunks, announced as the order they will be asked in (else nothing decodes ahead)."""
+    chunks = [(lo, min(lo + chunk, len(batch))) for lo in range(0, len(batch), chunk)]
+    batch.announce_passes([chunks])
+    return chunks
+
+
 def time_decode(batch, chunk: int) -> float:
     """Seconds to decode one pass of `batch` in chunks, as the engine's first pass asks."""
+    chunks = one_pass(batch, chunk)
     started = time.perf_counter()
-    for lo in range(0, len(batch), chunk):
-        batch.decoded(lo, min(lo + chunk, len(batch)))
+    for lo, hi in chunks:
+        batch.decoded(lo, hi)
     return time.perf_counter() - started
 
 
@@ -87,20 +95,21 @@ def device_rows(shards, samples: int, image_size: int, chunk: int, command: str,
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batches = iter(data)
     warm = next(batches)
-    for lo in range(0, len(warm), chunk):  # warm: the decoder's handles, every buffer size
-        warm.decoded(lo, min(lo + chunk, len(warm)), device)
+    for lo, hi in one_pass(warm, chunk):  # warm: the decoder's handles, every buffer size
+        warm.decoded(lo, hi, device)
     batch = next(batches)
+    chunks = one_pass(batch, chunk)
     sync()
     started = time.perf_counter()
-    for lo in range(0, len(batch), chunk):
-        batch.decoded(lo, min(lo + chunk, len(batch)), device)
+    for lo, hi in chunks:
+        batch.decoded(lo, hi, device)
     sync()
     seconds = time.perf_counter() - started
     # The same rows of the same batch through PIL, in this process.
     rows = min(len(batch), 2048)
     got = batch.decoded(0, rows)[0].float()
-    pil = batch.decoder.pieces  # the PIL pieces that decode a chunk out of the plan
-    want = torch.cat([pil[batch._request(lo, min(lo + 256, rows))][1] for lo in range(0, rows, 256)]).float()
+    pil = batch.decoder.pieces  # the PIL pieces that decode a chunk nobody announced
+    want = torch.cat([pil[batch.request(lo, min(lo + 256, rows))][1] for lo in range(0, rows, 256)]).float()
     diff = (got - want).abs()
     row = {"what": "decode", "impl": "nvjpeg", "workers": 0, "image_size": image_size, "samples": len(batch),
            "samples_per_s": len(batch) / seconds, "per_worker": None, "bytes_per_sample": batch.nbytes / len(batch),

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .common import free_port, run_identity, write_rows
+from .common import Job, free_port, job_environment, run_identity, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "ds_configs" / "recipes" / "tiny-cpu.yaml"
@@ -55,92 +55,10 @@ RESUME_STOP_S = 60  # a resumed job stopped through its launcher ends within the
 
 # -- the job ---------------------------------------------------------------------------------
 
-def environment(accelerator: str) -> Dict[str, str]:
-    """This Python's environment for the job: its deepspeed first on PATH; on CPUs the Triton
-    interpreter and DeepSpeed's CPU accelerator (gloo), on GPUs neither."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-               MASTER_ADDR="127.0.0.1", PYTHONUNBUFFERED="1")
-    env.pop("VIRTUAL_ENV", None)  # train.sh would otherwise prefer an activated environment's Python
-    if accelerator == "cpu":
-        env.update(TRITON_INTERPRET="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    else:
-        env.pop("TRITON_INTERPRET", None)
-        env.pop("DS_ACCELERATOR", None)
-    return env
-
-
 def train_command(run_dir: Path, sets: List[str], resume: bool = False) -> List[str]:
     sets = SETTINGS + [f"output_dir={run_dir}"] + sets
     return (["launch/train.sh", str(RECIPE.relative_to(ROOT)), "--num_gpus", "2", "--no-plan", "--master_port",
              str(free_port())] + [a for s in sets for a in ("--set", s)] + (["--resume", "latest"] if resume else []))
-
-
-class Job:
-    """launch/train.sh in its own process session (whose id is the launcher's pid), its output in a log."""
-
-    def __init__(self, command: List[str], env: Dict[str, str], log: Path):
-        import subprocess
-        self.command, self.log = command, log
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def processes(self) -> List[int]:
-        """The session's live processes (zombies are gone: they only wait to be reaped)."""
-        self.proc.poll()  # reaps the launcher once it ended
-        return [pid for pid in _pids() if _session(pid) == self.proc.pid and _state(pid) not in (None, "Z", "X")]
-
-    def rank(self, rank: int) -> Optional[int]:
-        """The pid of global rank ``rank`` (one node: DeepSpeed's launch.py passes --local_rank=R)."""
-        from infcl_ds.training.procs import is_deepspeed_launch, process_stat
-        for pid in self.processes():
-            stat = process_stat(pid)
-            if stat is not None and is_deepspeed_launch(stat[1]) and f"--local_rank={rank}" in _cmdline(pid):
-                return pid
-        return None
-
-    def wait_gone(self, limit_s: float, since: float) -> Optional[float]:
-        """Seconds from ``since`` until no process of the session is left; None past ``limit_s``."""
-        while self.processes():
-            if time.monotonic() - since > limit_s:
-                return None
-            time.sleep(0.1)
-        return time.monotonic() - since
-
-    def kill(self) -> None:
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)  # ends a stopped process too
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def _pids() -> List[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _session(pid: int) -> Optional[int]:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def _state(pid: int) -> Optional[str]:
-    from infcl_ds.training.procs import process_stat
-    stat = process_stat(pid)
-    return stat[0] if stat else None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 # -- the run directory -----------------------------------------------------------------------
@@ -275,7 +193,7 @@ def run_scenario(scenario: str, phase: str, work: Path, accelerator: str = "cpu"
                  rank: int = 1, env: Optional[Dict[str, str]] = None) -> dict:
     """One row of the matrix: start, wait for ``phase``, deliver ``scenario``'s signal, measure, resume."""
     sig, target = SCENARIOS[scenario]
-    env = env if env is not None else environment(accelerator)
+    env = env if env is not None else job_environment(accelerator)
     case = work / f"{scenario}-{phase}"
     case.mkdir(parents=True, exist_ok=False)
     run_dir = case / "run"

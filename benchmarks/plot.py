@@ -210,3 +210,51 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit"))) or meta.get("commit", "")
     ax.set_title(f"Trainers on {meta.get('device', '')}, commits {commits}")  # rows keep their own
     save(fig, png_path)
+
+
+def plot_scale(json_path: Path, png_path: Path) -> None:
+    """Scaling runs (docs/benchmarks/scale.json): samples/s per GPU of each part beside the
+    planner's and one GPU's rate; measured against planned host and GPU memory; the losses of the
+    one-node and two-node runs."""
+    plt = pyplot()
+    data = json.loads(Path(json_path).read_text())
+    rows = [r for r in data["rows"] if "samples_per_s" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    names = [f"{r['part']}\n{r['world']} GPU{'s' if r['world'] > 1 else ''}, {r['nodes']} node"
+             f"{'s' if r['nodes'] > 1 else ''}" for r in rows]
+    xs = range(len(rows))
+    ax = axes[0]
+    ax.bar([x - 0.2 for x in xs], [r["samples_per_s"] / r["world"] for r in rows], 0.4, label="measured")
+    ax.bar([x + 0.2 for x in xs], [r["B"] / r["world"] / r["plan_step_s"] for r in rows], 0.4, label="planner")
+    for x, r in zip(xs, rows):
+        if r.get("efficiency"):
+            ax.text(x - 0.2, r["samples_per_s"] / r["world"], f"{r['efficiency']:.2f}", ha="center", va="bottom",
+                    fontsize=8)
+    one = next((r for r in rows if r["part"] == "one-gpu-32k"), None)
+    if one:
+        ax.axhline(one["samples_per_s"], ls=":", color="gray", label="one GPU (efficiency 1)")
+    ax.set_title("samples / s per GPU (efficiency over the bars)")
+    for i, (key, plan, scale, title) in enumerate((("host_gib", "plan_host_gib", 1, "host memory (GiB)"),
+                                                    ("peak_mib", "plan_peak_mib", 1 / 1024,
+                                                     "peak allocated per GPU (GiB)"))):
+        offset = 0.2 * (2 * i - 1)
+        axes[1].bar([x + offset - 0.1 for x in xs], [r[key] * scale for r in rows], 0.2, label=f"{title}: measured")
+        axes[1].bar([x + offset + 0.1 for x in xs], [r[plan] * scale for r in rows], 0.2, label=f"{title}: planner",
+                    alpha=0.6)
+    axes[1].set_title("memory: measured beside the planner's")
+    for ax in axes[:2]:
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, fontsize=7)
+        ax.legend(fontsize=7)
+    for r in rows:
+        if r["part"] in ("one-node-64k", "two-nodes-64k"):
+            axes[2].plot(r["steps"], r["loss"], "-o" if r["nodes"] == 1 else "--x", label=f"{r['part']}")
+    axes[2].set_title("loss per step, one node and two nodes")
+    axes[2].set_xlabel("step")
+    axes[2].xaxis.get_major_locator().set_params(integer=True)
+    if axes[2].has_data():
+        axes[2].legend(fontsize=8)
+    meta = data["meta"]
+    fig.suptitle(f"{rows[0]['model'] if rows else ''} from JPEG shards through launch/train.sh, "
+                 f"{meta.get('device', '')}, commit {meta.get('commit', '')}")
+    save(fig, png_path)

@@ -8,7 +8,9 @@
 #     decode rows per decoder (docs/benchmarks/data.json) and the quickstart's zero-shot top-1
 #     trained with each decoder (docs/benchmarks/decoder_zeroshot.json)
 # The shards are made here first (infcl-ds data photos: 16,000 photos of ~30 KB in 8 shards, listed
-# 12 times as 96 shards so that an epoch holds six 32k batches), once per machine, under $SHARDS.
+# 12 times as 96 shards so that an epoch holds six 32k batches), once per machine, under $SHARDS;
+# `bash launch/bench_real_data.sh shards` makes only them (benchmarks/scale.py does, with
+# LISTED=N for more passes, PHOTOS_SAMPLES and PHOTOS_SHARD_SIZE for other sizes).
 # This engine: data.decode_workers 14 (PIL, open_clip's pixels), keep_decoded_gib auto, every row
 # the mean of 2 steps after an untimed one; open_clip_train: --workers 14 --torchcompile (its
 # WebDataset loader needs webdataset<=0.2.86; this project works with that version too).
@@ -17,14 +19,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/real_data.json
 shards=${SHARDS:-/tmp/infcl-ds-photos}
-[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-open-clip-train l14 l14-open-clip-train b16-decoders data-decoders zeroshot-decoders)" >&2; exit 2; }
-if [ ! -f "$shards/listed/shard-00095.tar" ]; then
-  python3 -m infcl_ds.cli data photos --out "$shards" --samples 16000 --shard-size 2000
+[ $# -gt 0 ] || { echo "usage: $0 PART... (shards b16 b16-open-clip-train l14 l14-open-clip-train b16-decoders data-decoders zeroshot-decoders)" >&2; exit 2; }
+# The photos once (photos.json is written last: a cut-short making is made again), then the
+# list: $SHARDS/listed/shard-00000.tar ... as ${LISTED:-96} links cycling over the made shards.
+make_shards() {
+  [ -f "$shards/photos.json" ] ||
+    python3 -m infcl_ds.cli data photos --out "$shards" --samples "${PHOTOS_SAMPLES:-16000}" \
+      --shard-size "${PHOTOS_SHARD_SIZE:-2000}"
+  local made=("$shards"/shard-*.tar) listed=${LISTED:-96} i
+  [ ! -e "$shards/listed/shard-$(printf %05d $((listed - 1))).tar" ] || return 0
   mkdir -p "$shards/listed"
-  for i in $(seq 0 95); do
-    ln -sf "$shards/shard-$(printf %06d $((i % 8))).tar" "$shards/listed/shard-$(printf %05d "$i").tar"
+  for ((i = 0; i < listed; i++)); do
+    ln -sf "${made[i % ${#made[@]}]}" "$shards/listed/shard-$(printf %05d "$i").tar"
   done
-fi
+}
+make_shards
 pattern="$shards/listed/shard-{00000..00095}.tar"
 bench() {
   python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" \
@@ -32,6 +41,7 @@ bench() {
 }
 for part in "$@"; do
   case "$part" in
+    shards) ;;  # made above
     b16) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --data synthetic,jpeg ;;
     b16-open-clip-train) bench --model ViT-B-16 --batch 32k --impl open_clip_train --data jpeg \
                            --open-clip-train-batch-size 1024 ;;
