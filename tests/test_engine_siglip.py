@@ -114,7 +114,7 @@ def test_loss_and_model_must_agree():
 
 
 def test_recipe_key_model_loss():
-    from infcl_ds.config.recipe import RecipeError, load_recipe
+    from infcl_ds.config import RecipeError, load_recipe
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes" / "tiny-cpu-siglip.yaml"
     assert load_recipe(path).model.loss == "siglip"
