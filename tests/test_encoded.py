@@ -117,28 +117,28 @@ def test_a_resumed_batch_has_the_pixels_of_the_uninterrupted_one(shard, tokenize
 
 def test_the_planner_counts_the_decode_window_and_its_processes():
     from infcl_ds.config import load_recipe
-    from infcl_ds.plan import memory as mem
-    from infcl_ds.plan.encoders import estimate_model
-    model = estimate_model("ViT-B-16")
+    from infcl_ds.data import footprint
     row = 3 * 224 ** 2
     recipe = load_recipe(None, ["model.name=ViT-B-16", "data.decode_workers=14", "data.decode_window_gib=1"])
     rows = 2 ** 30 // row  # 7,133 rows of 224 px in 1 GiB: 223 slots of 32
-    assert mem.decode_pool_bytes(model, recipe, 32768) == 223 * 32 * row + 14 * mem.DECODE_WORKER_RESERVE
+    assert footprint.decode_pool_bytes(recipe.data, 32768, 224) == 223 * 32 * row + 14 * footprint.DECODE_WORKER_RESERVE
     assert rows == 7133
     # At most a local batch, at least two slots per process.
-    assert mem.decode_pool_bytes(model, recipe, 100) == 28 * 32 * row + 14 * mem.DECODE_WORKER_RESERVE
+    assert footprint.decode_pool_bytes(recipe.data, 100, 224) == 28 * 32 * row + 14 * footprint.DECODE_WORKER_RESERVE
     # The GPU decoder's window is on the device: all of it with nvjpeg (and no processes), the
     # GPU's share with hybrid; none with the CPU decoders.
-    assert mem.device_window_rows(recipe, 32768, 224) == 0
+    assert footprint.device_window_rows(recipe.data, 32768, 224) == 0
     nvjpeg = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1"])
-    assert mem.device_window_rows(nvjpeg, 32768, 224) == rows and mem.decode_pool_bytes(model, nvjpeg, 32768) == 0
-    assert mem.device_window_rows(nvjpeg, 100, 224) == 100
+    assert footprint.device_window_rows(nvjpeg.data, 32768, 224) == rows and footprint.decode_pool_bytes(nvjpeg.data, 32768, 224) == 0
+    assert footprint.device_window_rows(nvjpeg.data, 100, 224) == 100
     hybrid = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=hybrid", "data.decode_window_gib=1",
                                 "data.gpu_decode_share=0.25"])
-    assert mem.device_window_rows(hybrid, 32768, 224) == int(rows * 0.25)
+    assert footprint.device_window_rows(hybrid.data, 32768, 224) == int(rows * 0.25)
     kept = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1",
                               "data.keep_decoded_gib=0", "batch.chunk=256"])
-    assert mem.DEVICE_WINDOW in mem.gpu_memory(model, kept, 1).phases[mem.ENCODER_PASS]
+    from infcl_ds.plan import memory
+    from infcl_ds.plan.encoders import estimate_model
+    assert memory.DEVICE_WINDOW in memory.gpu_memory(estimate_model("ViT-B-16"), kept, 1).phases[memory.ENCODER_PASS]
 
 
 def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):
@@ -239,7 +239,7 @@ def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, token
 
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
-    from infcl_ds.plan.timing import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
+    from infcl_ds.data.footprint import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
     from infcl_ds.training.resolve import resolve_decoder
     for decoder in ("nvjpeg", "hybrid"):
         recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": decoder}})

@@ -15,7 +15,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "infcl_ds"
 # Cycles not untangled yet, each as the modules of one strongly connected part of the graph.
 # A cycle not listed fails, and so does an entry here once its cycle is gone (remove it then).
 KNOWN_CYCLES = {
-    frozenset({"infcl_ds.plan.memory", "infcl_ds.plan.timing"}),
     frozenset({"infcl_ds.training.checkpoint", "infcl_ds.training.divergence", "infcl_ds.training.exits"}),
 }
 

@@ -9,6 +9,7 @@ import pytest
 
 from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.plan import KernelRates, make_plan, ring_scaling_table
+from infcl_ds.data import footprint
 from infcl_ds.plan import memory as mem
 from infcl_ds.plan.cli import hostfile_world, main, parse_size
 from infcl_ds.plan import calibrate
@@ -331,7 +332,7 @@ def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
     # here) + 77 int32 tokens + the 28-byte row table, and the decode pool's pieces.
     recipe = load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml")
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
-    assert plan.fits and plan.image_bytes == mem.DEFAULT_IMAGE_BYTES
+    assert plan.fits and plan.image_bytes == footprint.DEFAULT_IMAGE_BYTES
     assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
     # The decode pool's window: 4 GiB of 224 px rows (28,532), in slots of 32 rows, and 7 processes' heaps.
     assert plan.host[mem.DECODING] == 8 * (892 * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))
@@ -395,8 +396,9 @@ def test_refuses_host_memory_over_the_node(rates):
     more_workers = make_plan(load_recipe(RECIPES / "vit-l14-12m-32gpu.yaml", ["data.workers=16", "data.host_batch=decoded"]),
                              32, 80 * GIB,
                              host_memory_bytes=768 * GIB, rates=rates)
-    per_node = 8 * 16 * 2 * 256 * plan.model.host_input_bytes()
-    assert more_workers.host[mem.INPUTS] - plan.host[mem.INPUTS] == per_node - 8 * plan.recipe.data.workers * 2 * 256 * plan.model.host_input_bytes()
+    decoded_sample = 3 * 224 ** 2 + 8 * 77  # uint8 pixels, int64 tokens
+    per_node = 8 * 16 * 2 * 256 * decoded_sample
+    assert more_workers.host[mem.INPUTS] - plan.host[mem.INPUTS] == per_node - 8 * plan.recipe.data.workers * 2 * 256 * decoded_sample
 
 
 def test_host_memory_just_short_of_the_need_is_refused(rates):
@@ -476,14 +478,14 @@ def test_encoded_host_memory_from_the_shards_bytes(tmp_path, rates):
     recipe = tiny("data.source=webdataset", f"data.train={tmp_path}", "data.decode_workers=3")
     plan = make_plan(recipe, 2, 80 * GIB, rates=rates)
     assert plan.image_bytes == int(np.mean(sizes)) and plan.image_bytes_source.startswith("measured on 1 shard")
-    held = mem.input_samples_held(recipe.local_batch(2), recipe.data.workers, recipe.data.worker_batch)
+    held = footprint.input_samples_held(recipe.data, recipe.local_batch(2))
     context = plan.model.context_length
-    assert plan.host[mem.INPUTS] == 2 * held * (int(np.mean(sizes)) + 4 * context + mem.ENCODED_ROW_BYTES)
+    assert plan.host[mem.INPUTS] == 2 * held * (int(np.mean(sizes)) + 4 * context + footprint.ENCODED_ROW_BYTES)
     # data.image_bytes overrides the measurement; decoded batches ignore it.
     given = make_plan(tiny("data.image_bytes=1000"), 2, 80 * GIB, rates=rates)
     assert given.image_bytes == 1000 and given.image_bytes_source == "data.image_bytes"
     decoded = make_plan(tiny("data.host_batch=decoded"), 2, 80 * GIB, rates=rates)
-    assert decoded.host[mem.INPUTS] == 2 * held * plan.model.host_input_bytes() and decoded.inputs is None
+    assert decoded.host[mem.INPUTS] == 2 * held * (3 * 16 ** 2 + 8 * context) and decoded.inputs is None
 
 
 def test_decoding_rate_binds_the_step(rates, capsys):

@@ -13,6 +13,7 @@ from ..config.recipe import DataSection
 from .batch import HostBatch
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
+from .footprint import WORKER_PREFETCH_FACTOR, kept_rows
 from .pinned import pinned_empty
 from .sampler import SettableSampler, rank_batches, start_workers, steps_per_epoch, stop_workers
 from .samples import load_or_replace
@@ -44,14 +45,6 @@ class Collate:
         images, captions, skipped = zip(*items)
         texts = self.tokenizer(list(captions)).to(torch.int64)
         return torch.stack(images), texts, sum(skipped)
-
-
-# Finished tasks (pieces of data.worker_batch samples) each data-loader worker keeps ahead
-# (torch's own default, stated here because the planner counts them).
-WORKER_PREFETCH_FACTOR = 2
-# Local batches a rank holds: the one training and the next, assembled meanwhile by a thread
-# (_AssembledAhead), when the caller drops each before asking for the next.
-LOCAL_BATCHES_HELD = 2
 
 
 class TrainData:
@@ -248,8 +241,8 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
         if device is None and data.decoder in ("nvjpeg", "hybrid"):
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         if data.gpu_decode_share == "auto" and data.decoder == "hybrid":
-            raise DataError("data.gpu_decode_share=auto is resolved by the trainer (plan.hybrid_gpu_share) before "
-                            "the data is built: pass a number")
+            raise DataError("data.gpu_decode_share=auto is resolved by the trainer (data.footprint.gpu_decode_share) "
+                            "before the data is built: pass a number")
         decoder = ChunkDecoder(transform, seed, data.decode_workers, data.decoder, device=device,
                                image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share)
     else:
@@ -262,11 +255,3 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
         if decoder is not None:  # its pool is already running
             decoder.close()
         raise
-
-
-def kept_rows(gib, image_size: int) -> int:
-    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib, data.decode_window_gib)."""
-    if gib == "auto":
-        raise DataError("data.keep_decoded_gib=auto is resolved by the trainer (plan.auto_keep_gib) before "
-                        "the data is built: pass a number")
-    return int(gib * 2 ** 30) // (3 * image_size ** 2)

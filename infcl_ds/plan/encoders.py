@@ -111,10 +111,6 @@ class ModelEstimate:
         """Forward FLOPs of one image-text pair."""
         return self.image.forward_flops() + self.text.forward_flops()
 
-    def host_input_bytes(self) -> int:
-        """One sample as the data pipeline holds it: uint8 image [3, H, W] + int64 tokens."""
-        return 3 * self.image_size ** 2 + 8 * self.context_length
-
     def counted_activation_bytes(self, elem: int, checkpointing: bool, stat_bytes: int = 4) -> int:
         """Saved activations of one sample through both towers, as counted (module docstring):
         every layer's, or with checkpointing every layer's input plus one layer recomputed at

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
-from ..data.train import LOCAL_BATCHES_HELD, WORKER_PREFETCH_FACTOR, kept_rows
+from ..data.footprint import (DEFAULT_IMAGE_BYTES, decode_pool_bytes, device_window_rows, input_samples_held,
+                              kept_pixel_rows, sample_host_bytes)
 from ..ops.g_tiles import g_tile_bytes
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample, single_device_loss_bytes_per_sample
 from ..resources import read_json
@@ -172,8 +173,8 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
         FEATURES: feature_bytes(local, model.embed_dim, elem),
         FEATURE_GRADS: feature_bytes(local, model.embed_dim, elem),
         LOSS_BUFFERS: loss_bytes(local, model.embed_dim, elem, world),
-        PIXELS_KEPT: kept_pixel_rows(recipe, local, model.image_size) * 3 * model.image_size ** 2,
-        DEVICE_WINDOW: device_window_rows(recipe, local, model.image_size) * 3 * model.image_size ** 2,
+        PIXELS_KEPT: kept_pixel_rows(recipe.data, local, model.image_size, recipe.batch.chunk) * 3 * model.image_size ** 2,
+        DEVICE_WINDOW: device_window_rows(recipe.data, local, model.image_size) * 3 * model.image_size ** 2,
     })
     # Decoded chunks kept from the first pass to the second fill up during the first, and are
     # freed one by one during the second: counted whole throughout.
@@ -190,92 +191,6 @@ INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decode window", "off
                                           "process reserve")
 
 
-# Encoded host batches (data/encoded.py). A stored image's size when neither the recipe
-# (data.image_bytes) nor readable shards tell: JPEG at quality 90, shorter side 256-384 px, as
-# `infcl-ds data photos` writes and LAION-style shards hold (33 KB measured on those shards;
-# LAION-400M at img2dataset's defaults is ~10-30 KB).
-DEFAULT_IMAGE_BYTES = 32 * 1024
-# Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
-ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
-# Per decode process: its own Python heap beyond the shared pages of the forked rank.
-DECODE_WORKER_RESERVE = int(_OVERHEADS["decode_worker_reserve_gib"] * GIB)
-# Shards read to measure the stored image size (their headers only: a few ms each).
-SHARDS_SAMPLED = 4
-
-
-def image_bytes_per_sample(recipe: Recipe) -> Tuple[int, str]:
-    """(mean stored bytes of an image, where the figure comes from): data.image_bytes, else the
-    image members of the first shards when they are readable here, else DEFAULT_IMAGE_BYTES."""
-    if recipe.data.image_bytes:
-        return recipe.data.image_bytes, "data.image_bytes"
-    if recipe.data.source == "webdataset" and recipe.data.train:
-        from ..data.errors import DataError
-        from ..data.tar_index import IMAGE, TarIndex
-        from ..data.webdataset_source import expand_shards
-        try:
-            shards = expand_shards(recipe.data.train)[:SHARDS_SAMPLED]
-            sizes = TarIndex(shards).spans[:, IMAGE, 1]
-        except (DataError, OSError):
-            pass
-        else:
-            sizes = sizes[sizes > 0]
-            if len(sizes):
-                return int(sizes.mean()), f"measured on {len(shards)} shard(s)"
-    return DEFAULT_IMAGE_BYTES, "assumed; set data.image_bytes"
-
-
-def sample_host_bytes(model, recipe: Recipe, image_bytes: int) -> int:
-    """One sample of a local batch in the recipe's host form: decoded uint8 pixels and int64
-    tokens, or the stored image bytes, int32 tokens and the row table."""
-    if recipe.data.host_batch == "decoded":
-        return model.host_input_bytes()
-    return image_bytes + 4 * model.context_length + ENCODED_ROW_BYTES
-
-
-def decode_pool_bytes(model, recipe: Recipe, local: int) -> int:
-    """The decode pool's window of decoded rows per rank (encoded host batches: the shared
-    memory its processes decode into, data.decode_window_gib, at most a local batch, at least
-    two pieces per process; data/decode_pool.py) and each process's own heap."""
-    if recipe.data.host_batch == "decoded":
-        return 0
-    from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
-    workers = recipe.data.decode_workers
-    if not workers or recipe.data.decoder == "nvjpeg":  # decoding in the training process: no window
-        return 0
-    rows = min(local, kept_rows(recipe.data.decode_window_gib, model.image_size))
-    return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * model.image_size ** 2 + workers * DECODE_WORKER_RESERVE
-
-
-def device_window_rows(recipe: Recipe, local: int, image_size: int) -> int:
-    """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
-    device (data.decode_window_gib, at most a local batch, times the GPU's share of each chunk;
-    data/device_lane.py)."""
-    data = recipe.data
-    if data.host_batch == "decoded" or data.decoder not in ("nvjpeg", "hybrid"):
-        return 0
-    from .timing import hybrid_gpu_share
-    share = 1.0 if data.decoder == "nvjpeg" else data.gpu_decode_share
-    if share == "auto":
-        share = hybrid_gpu_share(data.decode_workers)
-    return int(min(local, kept_rows(data.decode_window_gib, image_size)) * share)
-
-
-def kept_pixel_rows(recipe: Recipe, local: int, image_size: int) -> int:
-    """Rows of the local batch decoded once per step (data.keep_decoded_gib, resolved when
-    auto: plan.auto_keep_gib): whole chunks."""
-    if recipe.data.host_batch == "decoded":
-        return 0
-    rows = min(local, kept_rows(recipe.data.keep_decoded_gib, image_size))
-    return rows if rows == local else rows - rows % recipe.batch.chunk
-
-
-def input_samples_held(local: int, workers: int, worker_batch: int) -> int:
-    """Samples a rank holds on the host: the local batch training and the next, which a
-    thread assembles meanwhile (infcl_ds/data/train.py; page-locked at exactly its size), and
-    the pieces of ``worker_batch`` samples its data workers have prefetched."""
-    return LOCAL_BATCHES_HELD * local + workers * WORKER_PREFETCH_FACTOR * min(worker_batch, local)
-
-
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,
                 image_bytes: int = DEFAULT_IMAGE_BYTES) -> Dict[str, int]:
     """Bytes per node: every rank's local batches (inputs stay on the host, moved to the GPU
@@ -287,8 +202,8 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
     local = recipe.local_batch(world)
     elem = DTYPE_BYTES[recipe.precision.dtype]
     offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
-    held = input_samples_held(local, recipe.data.workers, recipe.data.worker_batch)
-    return {INPUTS: ranks * held * sample_host_bytes(model, recipe, image_bytes),
-            DECODING: ranks * decode_pool_bytes(model, recipe, local),
+    held = input_samples_held(recipe.data, local)
+    return {INPUTS: ranks * held * sample_host_bytes(recipe.data, model.image_size, model.context_length, image_bytes),
+            DECODING: ranks * decode_pool_bytes(recipe.data, local, model.image_size),
             OFFLOADED: ranks * offloaded,
             PROCESSES: ranks * HOST_RESERVE_PER_RANK}

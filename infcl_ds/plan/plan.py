@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection, compile_supported
+from ..data.footprint import image_bytes_per_sample, kept_pixel_rows
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
 from .errors import PlanError
@@ -148,7 +149,7 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     model = model or estimate_model(recipe.model.name)
     local = recipe.local_batch(gpus)
     gpu = mem.gpu_memory(model, recipe, gpus)
-    image_bytes, image_bytes_source = mem.image_bytes_per_sample(recipe)
+    image_bytes, image_bytes_source = image_bytes_per_sample(recipe.data)
     host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
     time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
     # The decode pool's pieces and the processes' reserve do not grow with the batch.
@@ -161,7 +162,8 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
                 gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes, gpu=gpu, host=host,
                 time=time, limits=tuple(limits), image_bytes=image_bytes, image_bytes_source=image_bytes_source,
-                inputs=(input_rate(recipe, local, time.total, mem.kept_pixel_rows(recipe, local, model.image_size))
+                inputs=(input_rate(recipe, local, time.total,
+                                   kept_pixel_rows(recipe.data, local, model.image_size, recipe.batch.chunk))
                         if recipe.data.host_batch == "encoded" else None))
 
 
@@ -179,24 +181,24 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
     """`batch.chunk: auto` on `gpus` GPUs of `gpu_memory_bytes`: the largest power of two, at most
     AUTO_CHUNK_MAX and the local batch, whose planned GPU peak is within
     AUTO_CHUNK_MEMORY_SHARE of the memory (the local batch itself when it is smaller). Raises
-    PlanError when even a chunk of 1 does not fit."""
+    PlanError when even a chunk of 1 does not fit. Only the GPU's footprint decides it
+    (memory.gpu_memory: the engine's and the data's on the device), so the host's and the step
+    time are not planned: no shard is opened, no rate read."""
     check_world(recipe, gpus)
     recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
     local = recipe.local_batch(gpus)
     budget = int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE)
     top = min(local, AUTO_CHUNK_MAX)
     candidates = [top] + [1 << k for k in range(top.bit_length() - 1, -1, -1) if (1 << k) < top]
-    rates, model = KernelRates.load(), estimate_model(recipe.model.name)
+    model = estimate_model(recipe.model.name)
     if recipe.data.keep_decoded_gib == "auto":  # sized after the chunk, in what the chunk leaves
         recipe = recipe_with(recipe, "data", keep_decoded_gib=0.0)
     for chunk in candidates:
-        plan = assess(recipe_with(recipe, "batch", chunk=chunk), gpus, gpu_memory_bytes, gpus_per_node,
-                      DEFAULT_HOST_MEMORY, rates, encoder_tflops=None, network=DEFAULT_NETWORK, max_step_s=None,
-                      model=model)
-        if plan.peak_gpu_bytes <= budget:
+        peak = mem.gpu_memory(model, recipe_with(recipe, "batch", chunk=chunk), gpus).peak
+        if peak <= budget:
             return chunk
     raise PlanError(f"batch.chunk=auto: not even a chunk of 1 fits {AUTO_CHUNK_MEMORY_SHARE:.0%} of "
-                    f"{gpu_memory_bytes / mem.GIB:.4g} GiB per GPU (planned peak {mem.gib(plan.peak_gpu_bytes)} GiB)")
+                    f"{gpu_memory_bytes / mem.GIB:.4g} GiB per GPU (planned peak {mem.gib(peak)} GiB)")
 
 
 # data.keep_decoded_gib: auto on CPU ranks: host memory the kept chunks may take per rank.
@@ -210,13 +212,12 @@ def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
     if recipe.data.host_batch == "decoded":
         return 0.0
     recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
+    check_world(recipe, gpus)
     model = estimate_model(recipe.model.name)
-    bare = assess(recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus, gpu_memory_bytes, gpus_per_node,
-                  DEFAULT_HOST_MEMORY, KernelRates.load(), encoder_tflops=None, network=DEFAULT_NETWORK,
-                  max_step_s=None, model=model)
+    bare = mem.gpu_memory(model, recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus).peak
     row = 3 * model.image_size ** 2
     local = recipe.local_batch(gpus)
-    rows = min(local, max(0, int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE) - bare.peak_gpu_bytes) // row)
+    rows = min(local, max(0, int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE) - bare) // row)
     rows = rows if rows == local else rows - rows % recipe.batch.chunk
     return rows * row / mem.GIB  # exact: kept_rows gives `rows` back
 

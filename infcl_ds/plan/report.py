@@ -1,10 +1,11 @@
 """The plan and the ring scaling table as text (what `infcl-ds plan` prints)."""
 from typing import List, Sequence
 
+from ..data.footprint import NVJPEG_RATE_PER_GPU, input_samples_held, sample_host_bytes
 from . import memory as mem
 from .encoders import CALIBRATION_SOURCE, activation_calibration
 from .plan import ASSUMED_CORES_PER_GPU, GPU_LIMIT, HOST_LIMIT, Plan
-from .timing import NETWORKS, NVJPEG_RATE_PER_GPU, NVLINK, KernelRates, ScalingRow, min_hidden_block
+from .timing import NETWORKS, NVLINK, KernelRates, ScalingRow, min_hidden_block
 
 
 def count(n: int) -> str:
@@ -59,15 +60,16 @@ def _decode_workers_line(plan: Plan, cores_note: str = "") -> str:
 def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> str:
     ranks = min(plan.gpus, plan.gpus_per_node)
     data = plan.recipe.data
-    pieces = mem.input_samples_held(plan.local_batch, data.workers, data.worker_batch) - 2 * plan.local_batch
+    pieces = input_samples_held(data, plan.local_batch) - 2 * plan.local_batch
     parts = ", ".join(f"{name} {mem.gib(nbytes)}" for name, nbytes in plan.host.items())
     note = host_memory_note or ("assumed; pass --host-memory" if plan.host_memory_assumed else "")
     assumed = f" ({note})" if note else ""
+    per_sample = sample_host_bytes(data, plan.model.image_size, plan.model.context_length, plan.image_bytes)
     if data.host_batch == "encoded":
-        form = (f"{mem.sample_host_bytes(plan.model, plan.recipe, plan.image_bytes):,} B per sample held encoded "
+        form = (f"{per_sample:,} B per sample held encoded "
                 f"(image {plan.image_bytes:,} B, {plan.image_bytes_source}; tokens; row table)")
     else:
-        form = f"{plan.model.host_input_bytes():,} B per sample held decoded (uint8 pixels, tokens)"
+        form = f"{per_sample:,} B per sample held decoded (uint8 pixels, tokens)"
     lines = (f"host memory per node (GiB): {parts}; total {mem.gib(plan.host_bytes)} of "
              f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
              f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "

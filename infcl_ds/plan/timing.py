@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
+from ..data.footprint import DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU
 from ..engine.step import engine_passes
 from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
@@ -89,20 +90,6 @@ FLOAT8_PHASE_FACTORS = tuple(float(f) for f in _OVERHEADS["float8_phase_factors"
 DEFAULT_ENCODER_TFLOPS = float(_OVERHEADS["default_encoder_tflops"])
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
 FP32_ENCODER_SLOWDOWN = 2.0
-# Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
-# transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
-_DECODE_RATES = read_json("calibration", "decode_rates.json")
-DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for name in ("pil", "torchvision")}
-# Decodes per second of one GPU's decoder (data.decoder: nvjpeg; the GPU's share of hybrid).
-NVJPEG_RATE_PER_GPU = float(_DECODE_RATES["nvjpeg_per_gpu"])
-
-
-def hybrid_gpu_share(workers: int) -> float:
-    """The GPU's share of each chunk under data.decoder=hybrid: its rate over the rate of the GPU
-    and `workers` PIL processes together, so both finish a chunk at once."""
-    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
-    return NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + cpu)
-
 # Bytes per second one way. NVLink 4 (H100/H200 SXM) is 900 GB/s counting both directions; a
 # ring hop sends one way. Between nodes a hop uses one 200 or 400 Gb/s NIC.
 NVLINK = 450e9

@@ -8,11 +8,11 @@ import torch
 
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
+from ..data.footprint import gpu_decode_share
 from ..plan.errors import PlanError
 from ..plan.machine import CoreShare, rank_cores
 from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_decode_workers, auto_keep_gib,
                          recipe_with, with_decode_workers)
-from ..plan.timing import hybrid_gpu_share
 
 
 def _gpu_memory_and_count(device: torch.device):
@@ -43,9 +43,13 @@ def check_float8(recipe: Recipe, device: torch.device) -> None:
 
 def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
     """The recipe with `batch.chunk: auto` replaced by the planner's choice for this GPU
-    (plan.auto_chunk), the smallest over the ranks (GPUs of different sizes in one job); every
-    rank plans the same recipe, so all raise alike before the collective. A collective: every
-    rank calls it."""
+    (plan.auto_chunk: the GPU footprints of the engine and the data, no shard opened), the
+    smallest over the ranks (GPUs of different sizes in one job); every rank plans the same
+    recipe, so all raise alike before the collective. A collective for `auto`: every rank calls
+    it. The one place a run asks for the chunk (the trainer; `bench train` as the trainer does):
+    build_engine takes the recipe it returns. A numeric chunk comes back as it is."""
+    if recipe.batch.chunk != "auto":
+        return recipe
     check_world(recipe, world)
     check_float8(recipe, device)
     if device.type == "cuda":
@@ -94,8 +98,8 @@ def resolve_decode_workers(recipe: Recipe, device: torch.device, rank: Optional[
 
 def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
     """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank. The recipe
-    with hybrid's `data.gpu_decode_share: auto` replaced by the planner's share
-    (plan.hybrid_gpu_share: the measured rates of the GPU and of the decode processes)."""
+    with hybrid's `data.gpu_decode_share: auto` replaced by its number (data.footprint's
+    gpu_decode_share: the measured rates of the GPU and of the decode processes)."""
     data = recipe.data
     if data.host_batch != "encoded" or data.decoder not in ("nvjpeg", "hybrid"):
         return recipe
@@ -103,7 +107,7 @@ def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
         raise DataError(f"data.decoder={data.decoder} decodes on the GPU and this rank runs on {device.type}: "
                         "use data.decoder=pil")
     if data.decoder == "hybrid" and data.gpu_decode_share == "auto":
-        return recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(data.decode_workers))
+        return recipe_with(recipe, "data", gpu_decode_share=gpu_decode_share(data))
     return recipe
 
 

@@ -1,0 +1,136 @@
+"""What the data subsystem costs, stated by it for the planner (plan/memory.py and plan/timing.py
+compose it with the engine's): bytes per sample held on the host, the decode pool's window and
+processes, the rows decoded on the GPU (its decoder's window, the chunks kept between the
+passes), the measured decode rates, and the GPU's share of each chunk under data.decoder=hybrid.
+
+Only `image_bytes_per_sample` reads files (the first shards' headers); nothing here builds a
+source or starts a process.
+"""
+from typing import Tuple
+
+from ..config.recipe import DataSection
+from ..resources import read_json
+from .decode_pool import DECODE_PIECE_ROWS, window_slots
+from .errors import DataError
+
+_OVERHEADS = read_json("calibration", "overheads.json")
+
+# Finished tasks (pieces of data.worker_batch samples) each data-loader worker keeps ahead
+# (torch's own default, stated here because the planner counts them).
+WORKER_PREFETCH_FACTOR = 2
+# Local batches a rank holds: the one training and the next, assembled meanwhile by a thread
+# (train.py's _AssembledAhead), when the caller drops each before asking for the next.
+LOCAL_BATCHES_HELD = 2
+
+# Encoded host batches (data/encoded.py). A stored image's size when neither the recipe
+# (data.image_bytes) nor readable shards tell: JPEG at quality 90, shorter side 256-384 px, as
+# `infcl-ds data photos` writes and LAION-style shards hold (33 KB measured on those shards;
+# LAION-400M at img2dataset's defaults is ~10-30 KB).
+DEFAULT_IMAGE_BYTES = 32 * 1024
+# Per encoded row besides the image and its tokens: slot index and row table (piece, start, size).
+ENCODED_ROW_BYTES = 8 + 4 + 8 + 8
+# Per decode process: its own Python heap beyond the shared pages of the forked rank.
+DECODE_WORKER_RESERVE = int(_OVERHEADS["decode_worker_reserve_gib"] * 2 ** 30)
+# Shards read to measure the stored image size (their headers only: a few ms each).
+SHARDS_SAMPLED = 4
+
+# Decodes per second per decode process while a step trains, per data.decoder (open_clip's train
+# transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
+_DECODE_RATES = read_json("calibration", "decode_rates.json")
+DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for name in ("pil", "torchvision")}
+# Decodes per second of one GPU's decoder (data.decoder: nvjpeg; the GPU's share of hybrid).
+NVJPEG_RATE_PER_GPU = float(_DECODE_RATES["nvjpeg_per_gpu"])
+
+
+def hybrid_gpu_share(workers: int) -> float:
+    """The GPU's share of each chunk under data.decoder=hybrid: its rate over the rate of the GPU
+    and `workers` PIL processes together, so both finish a chunk at once."""
+    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
+    return NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + cpu)
+
+
+def gpu_decode_share(data: DataSection) -> float:
+    """The share of each chunk's rows the GPU decodes: all with data.decoder=nvjpeg; with hybrid,
+    data.gpu_decode_share, `auto` as hybrid_gpu_share for data.decode_workers (a number); none
+    with the CPU decoders or decoded host batches."""
+    if data.host_batch == "decoded" or data.decoder not in ("nvjpeg", "hybrid"):
+        return 0.0
+    if data.decoder == "nvjpeg":
+        return 1.0
+    if data.gpu_decode_share == "auto":
+        return hybrid_gpu_share(data.decode_workers)
+    return data.gpu_decode_share
+
+
+def kept_rows(gib, image_size: int) -> int:
+    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib, data.decode_window_gib)."""
+    if gib == "auto":
+        raise DataError("data.keep_decoded_gib=auto is resolved by the trainer (plan.auto_keep_gib) before "
+                        "the data is built: pass a number")
+    return int(gib * 2 ** 30) // (3 * image_size ** 2)
+
+
+def image_bytes_per_sample(data: DataSection) -> Tuple[int, str]:
+    """(mean stored bytes of an image, where the figure comes from): data.image_bytes, else the
+    image members of the first shards when they are readable here, else DEFAULT_IMAGE_BYTES."""
+    if data.image_bytes:
+        return data.image_bytes, "data.image_bytes"
+    if data.source == "webdataset" and data.train:
+        from .tar_index import IMAGE, TarIndex
+        from .webdataset_source import expand_shards
+        try:
+            shards = expand_shards(data.train)[:SHARDS_SAMPLED]
+            sizes = TarIndex(shards).spans[:, IMAGE, 1]
+        except (DataError, OSError):
+            pass
+        else:
+            sizes = sizes[sizes > 0]
+            if len(sizes):
+                return int(sizes.mean()), f"measured on {len(shards)} shard(s)"
+    return DEFAULT_IMAGE_BYTES, "assumed; set data.image_bytes"
+
+
+def sample_host_bytes(data: DataSection, image_size: int, context_length: int, image_bytes: int) -> int:
+    """One sample of a local batch in its host form: decoded uint8 pixels and int64 tokens, or
+    the stored image bytes, int32 tokens and the row table."""
+    if data.host_batch == "decoded":
+        return 3 * image_size ** 2 + 8 * context_length
+    return image_bytes + 4 * context_length + ENCODED_ROW_BYTES
+
+
+def input_samples_held(data: DataSection, local: int) -> int:
+    """Samples a rank holds on the host: the local batch training and the next, which a thread
+    assembles meanwhile (train.py; page-locked at exactly its size), and the pieces of
+    data.worker_batch samples its data.workers have prefetched."""
+    return LOCAL_BATCHES_HELD * local + data.workers * WORKER_PREFETCH_FACTOR * min(data.worker_batch, local)
+
+
+def decode_pool_bytes(data: DataSection, local: int, image_size: int) -> int:
+    """The decode pool's window of decoded rows per rank (encoded host batches: the shared
+    memory its processes decode into, data.decode_window_gib, at most a local batch, at least
+    two pieces per process; decode_pool.py) and each process's own heap."""
+    if data.host_batch == "decoded":
+        return 0
+    workers = data.decode_workers
+    if not workers or data.decoder == "nvjpeg":  # decoding in the training process: no window
+        return 0
+    rows = min(local, kept_rows(data.decode_window_gib, image_size))
+    return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * image_size ** 2 + workers * DECODE_WORKER_RESERVE
+
+
+def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
+    """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
+    device (data.decode_window_gib, at most a local batch, times gpu_decode_share; device_lane.py)."""
+    share = gpu_decode_share(data)
+    if not share:
+        return 0
+    return int(min(local, kept_rows(data.decode_window_gib, image_size)) * share)
+
+
+def kept_pixel_rows(data: DataSection, local: int, image_size: int, chunk: int) -> int:
+    """Rows of the local batch decoded once per step (data.keep_decoded_gib, resolved when
+    auto: plan.auto_keep_gib): whole chunks of `chunk` rows, on the GPU between the passes."""
+    if data.host_batch == "decoded":
+        return 0
+    rows = min(local, kept_rows(data.keep_decoded_gib, image_size))
+    return rows if rows == local else rows - rows % chunk
