@@ -26,7 +26,7 @@ import torch
 
 from infcl_ds.config.recipe import DataSection
 from infcl_ds.training.build import build_engine
-from infcl_ds.training.resolve import resolve_data
+from infcl_ds.training.resolve import resolve_auto_chunk, resolve_data
 from .common import free_port, is_oom, join_ranks, parse_sizes, run_identity, write_rows
 
 
@@ -62,9 +62,9 @@ def _loss_fn(impl, rank, world):
 
 def _engine(args, impl, rank, world, device):
     """The trainer's built engine (training/build.py) for this configuration, `impl`'s loss swapped in;
-    --chunk auto resolved there as `batch.chunk: auto` is in training (args.chunk set to it)."""
-    engine = build_engine(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank=rank,
-                          loss_fn=_loss_fn(impl, rank, world), time_phases=True)
+    --chunk auto resolved as the trainer resolves `batch.chunk: auto` (args.chunk set to it)."""
+    recipe = resolve_auto_chunk(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank)
+    engine = build_engine(recipe, world, device, loss_fn=_loss_fn(impl, rank, world), time_phases=True)
     args.chunk = engine.settings.chunk_size
     return engine
 

@@ -131,7 +131,7 @@ def _float8_step(rank, world, setting):
                                                              "batch.global=32", "batch.chunk=16", "model.compile=false",
                                                              # float8's setting on GPUs: bf16 towers
                                                              *(["precision.dtype=bf16"] if GPU else [])])
-    engine = build_engine(recipe, world, DEVICE, rank=rank)
+    engine = build_engine(recipe, world, DEVICE)
     g = torch.Generator().manual_seed(rank)
     images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=g).float().div(255).to(DEVICE)
     texts = torch.randint(1, 49000, (16, 16), generator=g).to(DEVICE)

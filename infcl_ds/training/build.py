@@ -10,24 +10,23 @@ from ..config import Recipe, build_deepspeed_config
 from ..engine import ContrastiveEngine, EngineSettings
 from ..engine.optim import clip_adamw
 from ..models import create_model
-from .resolve import check_float8, resolve_auto_chunk
+from .resolve import check_float8
 from .schedule import warmup_cosine
 
 
-def build_engine(recipe: Recipe, world: int, device: torch.device, *, rank: int = 0,
+def build_engine(recipe: Recipe, world: int, device: torch.device, *,
                  ds_config: Optional[dict] = None, check_model: Optional[Callable[[torch.nn.Module], None]] = None,
                  loss_fn=None, time_phases: bool = False) -> ContrastiveEngine:
-    """Every rank calls it (`batch.chunk: auto` and DeepSpeed's set-up are collectives).
+    """Every rank calls it (DeepSpeed's set-up is a collective). `recipe.batch.chunk` is a
+    number: `auto` is resolved before, by resolve.resolve_auto_chunk (the trainer's one question
+    to the planner); building the engine plans nothing.
 
     The seeds are set from model.seed before the model is created, so its initial weights are
     the recipe's. `ds_config`: the DeepSpeed config (default: built from the recipe; the trainer
     passes a resharding resume's). `check_model(model)` runs before DeepSpeed is set up (the
     trainer's free-disk check: every rank raises alike, before any collective). `loss_fn`
-    and `time_phases`: the engine's (the benchmarks' swapped-in losses and phase timings). The
-    chunk the engine runs, `auto` resolved, is its `settings.chunk_size`."""
+    and `time_phases`: the engine's (the benchmarks' swapped-in losses and phase timings)."""
     check_float8(recipe, device)  # every rank, before any collective
-    if recipe.batch.chunk == "auto":
-        recipe = resolve_auto_chunk(recipe, world, device, rank)
     settings = EngineSettings.from_recipe(recipe, device.type, time_phases=time_phases)
     random.seed(recipe.model.seed)
     np.random.seed(recipe.model.seed)

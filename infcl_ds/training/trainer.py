@@ -55,8 +55,8 @@ class Trainer:
         check_float8(recipe, self.device)  # the same on every rank of a uniform job: before any collective
         share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
-        if recipe.batch.chunk == "auto":
-            recipe = self.recipe = resolve_auto_chunk(recipe, self.world, self.device, self.rank)
+        # batch.chunk: auto, asked here once (build_engine takes the number).
+        recipe = self.recipe = resolve_auto_chunk(recipe, self.world, self.device, self.rank)
         # Everything below up to the model is checked by every rank on the same inputs: all
         # raise alike, none is left waiting in a collective.
         check_world(recipe, self.world)
@@ -80,8 +80,7 @@ class Trainer:
         def check_disk(model):
             check_free_disk(self.run_dir, checkpoint_bytes(sum(p.numel() for p in model.parameters()),
                                                            recipe.precision.dtype))
-        self.engine = build_engine(recipe, self.world, self.device, rank=self.rank, ds_config=ds_config,
-                                   check_model=check_disk)
+        self.engine = build_engine(recipe, self.world, self.device, ds_config=ds_config, check_model=check_disk)
         self.info = model_info(self.engine.model)
         self.tokenizer = get_tokenizer(recipe.model.name)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
