@@ -444,7 +444,7 @@ def within(measured: Optional[float], plan: Optional[float]) -> Optional[bool]:
 
 
 def lock_holder(run_dir: Path) -> Optional[int]:
-    from infcl_ds.training.run_lock import LOCK_FILE
+    from infcl_ds.run_dir import LOCK_FILE
     try:
         return json.loads((run_dir / LOCK_FILE).read_text()).get("pid")
     except (OSError, ValueError):
@@ -474,7 +474,7 @@ def written_once(run_dir: Path, reference: Optional[Path], ranks: Dict[int, int]
              "metrics_steps_once": len(steps) == len(set(steps)),
              "each_rank_its_shards": bool(per_rank) and all(per_rank.values()), "rank_files": per_rank}
     if reference is not None and reference.is_dir():
-        from infcl_ds.training.run_lock import LOCK_FILE
+        from infcl_ds.run_dir import LOCK_FILE
         mine = {k: v[0] for k, v in run_files(run_dir).items() if k != LOCK_FILE}
         theirs = {k: v[0] for k, v in run_files(reference).items() if k != LOCK_FILE}
         check["missing_beside_one_node"] = sorted(set(theirs) - set(mine))

@@ -39,14 +39,13 @@ from .cli_args import ArgumentParser
 from .models import (CONFIG_DIR, create_model, get_tokenizer, loss_of_state_dict, meta_model, model_config,
                      state_dict_shapes)
 from .outputs import OutPathError, check_out_file, check_out_folder, refuse_inside, replace_file, replace_folder
+from .run_dir import CHECKPOINTS, RECIPE
 from .training.atomic import atomic_write_bytes
 from .training.checkpoint import LATEST, resolve_tag
 from .training.manifest import MANIFEST, verify
 from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepspeed_reads_weights_only,
                                  load_weights_only)
 
-CHECKPOINTS = "checkpoints"
-RECIPE = "recipe.yaml"
 WRITTEN_BY = "infcl-ds export"
 FORMATS = ("open_clip", "pt")
 FILE_SUFFIXES = (".pt", ".pth")  # torch's file names: --out named so is the pt format by default

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_utils import run_ranks
-from infcl_ds.training.run_lock import LOCK_FILE
+from infcl_ds.run_dir import LOCK_FILE
 from launch_utils import ROOT, SYNTHETIC, TINY, start_ranks, wait_all
 
 FIRST = ["schedule.steps=3", "checkpoint.every=1", "checkpoint.keep=2", "logging.tensorboard=true"]

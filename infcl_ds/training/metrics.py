@@ -9,6 +9,8 @@ from typing import Dict, Optional
 
 import torch
 
+from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
+
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
            "decode_wait_s", "host_bytes_per_sample", "graphs_compiled"]
 
@@ -24,8 +26,8 @@ def peak_memory_gib(device: torch.device) -> float:
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
         self.enabled = enabled
-        self.path = Path(run_dir) / "metrics.csv"
-        self.extra_path = Path(run_dir) / "eval.csv"
+        self.path = Path(run_dir) / METRICS
+        self.extra_path = Path(run_dir) / EVAL_CSV
         self.writer = None
         if not enabled:
             return
@@ -33,7 +35,7 @@ class MetricsLogger:
         self._truncate_after(self.extra_path, resume_step)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1)
+            self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD), purge_step=resume_step + 1)
 
     @staticmethod
     def _truncate_after(path: Path, step: int) -> None:
@@ -85,16 +87,16 @@ class MetricsLogger:
 def plot_metrics(run_dir: Path) -> Optional[Path]:
     """metrics.csv (and eval.csv) -> metrics.png: loss, logit scale, lr, throughput, eval."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.csv").is_file():
+    if not (run_dir / METRICS).is_file():
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    with open(run_dir / "metrics.csv", newline="") as f:
+    with open(run_dir / METRICS, newline="") as f:
         rows = list(csv.DictReader(f))
     evals = []
-    if (run_dir / "eval.csv").is_file():
-        with open(run_dir / "eval.csv", newline="") as f:
+    if (run_dir / EVAL_CSV).is_file():
+        with open(run_dir / EVAL_CSV, newline="") as f:
             evals = list(csv.DictReader(f))
     panels = [("loss", "loss"), ("logit_scale", "logit scale (exp)"), ("lr", "learning rate"),
               ("samples_per_s", "samples / s")]
@@ -112,7 +114,7 @@ def plot_metrics(run_dir: Path) -> Optional[Path]:
     if evals:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    out = run_dir / "metrics.png"
+    out = run_dir / PLOT
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

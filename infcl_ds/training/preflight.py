@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from ..run_dir import CHECKPOINTS, EVAL_CSV, EVAL_JSON, METRICS, RUN_FILES, TENSORBOARD
+
 
 class StartupError(RuntimeError):
     """The run cannot start where it was pointed at; the message names the path."""
@@ -50,12 +52,6 @@ def check_free_disk(output_dir, needed_bytes: int) -> None:
                            f"{needed_bytes / 2**30:.2f} GiB (model weights and optimizer states)")
 
 
-# Every name the trainer writes directly inside output_dir: what --restart moves aside (not the
-# lock file, training/run_lock.py: the restarting run holds it).
-RUN_FILES = ("checkpoints", "metrics.csv", "eval.csv", "eval.json", "metrics.png", "tensorboard",
-             "recipe.yaml", "run.json")
-
-
 def held_run(output_dir) -> Optional[str]:
     """The first file showing that ``output_dir`` holds a run (its path inside the directory),
     or None.
@@ -68,10 +64,10 @@ def held_run(output_dir) -> Optional[str]:
     write probes), so a directory prepared by hand or by a job script is not refused.
     """
     path = Path(output_dir)
-    checkpoints = path / "checkpoints"
+    checkpoints = path / CHECKPOINTS
     found = [checkpoints / "latest"] + sorted(checkpoints.glob("step_*"))
-    found += [path / name for name in ("metrics.csv", "eval.csv", "eval.json")]
-    found += sorted((path / "tensorboard").rglob("events.out.tfevents*"))
+    found += [path / name for name in (METRICS, EVAL_CSV, EVAL_JSON)]
+    found += sorted((path / TENSORBOARD).rglob("events.out.tfevents*"))
     for item in found:
         if os.path.lexists(item):
             return str(item.relative_to(path))

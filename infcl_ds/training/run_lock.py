@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+from ..run_dir import LOCK_FILE
 from ..shown import shown
 from .distributed import LAUNCHER_VARIABLES
 from .preflight import StartupError
 
-LOCK_FILE = ".infcl-ds.lock"
 _INFO_BYTES = 4096  # the most of a lock file read back: its content is informational
 _MESSAGE_BYTES = 16384  # a refusal as rank 0 broadcasts it (paths are at most 4096 bytes)
 

@@ -21,6 +21,7 @@ from ..engine.compile import graphs_compiled
 from ..eval import evaluate as evaluate_model
 from ..eval import metric_label
 from ..models import get_tokenizer, model_info
+from ..run_dir import CHECKPOINTS, EVAL_JSON, RECIPE, RUN_INFO
 from ..validation import NonFiniteFeaturesError
 from . import checkpoint, divergence, reshard
 from .build import build_engine
@@ -62,7 +63,7 @@ class Trainer:
         check_world(recipe, self.world)
         check_paths(recipe.data)
         self.run_dir = check_output_dir(recipe.output_dir, self.rank)
-        self.checkpoint_dir = self.run_dir / "checkpoints"
+        self.checkpoint_dir = self.run_dir / CHECKPOINTS
         resume = resume or recipe.checkpoint.resume
         if not resume:
             self._claim_run_dir(restart)
@@ -101,8 +102,8 @@ class Trainer:
             self._resume()
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
-            (self.run_dir / "run.json").write_text(json.dumps(
+            (self.run_dir / RECIPE).write_text(dump_recipe(recipe))
+            (self.run_dir / RUN_INFO).write_text(json.dumps(
                 {"world_size": self.world, "device": str(self.device), "model": recipe.model.name,
                  "local_batch": recipe.local_batch(self.world), "steps_per_epoch": self.data.steps_per_epoch}, indent=1))
 
@@ -247,7 +248,7 @@ class Trainer:
         plot = logger.close()
         if self.rank == 0:
             if results:
-                (self.run_dir / "eval.json").write_text(json.dumps(results, indent=1))
+                (self.run_dir / EVAL_JSON).write_text(json.dumps(results, indent=1))
                 for key, value in results.items():  # zero-shot top-1 last: the line people look for
                     if key != "zeroshot_top1":
                         print(f"{metric_label(key)}: {value:.4f}")
