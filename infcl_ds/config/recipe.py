@@ -174,7 +174,7 @@ class DataSection(Section):
     # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md).
     decoder: Literal["pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
-    # rates of the GPU and of decode_workers PIL processes (plan.hybrid_gpu_share).
+    # rates of the GPU and of decode_workers PIL processes (data/footprint.py: gpu_decode_share).
     gpu_decode_share: Union[Literal["auto"], Fraction] = "auto"
     # encoded: GPU memory keeping the first pass's decoded chunks for the grad pass (those are
     # decoded once per step, not twice). auto: as much of the local batch as the planner finds

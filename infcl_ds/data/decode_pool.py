@@ -5,7 +5,7 @@ of encoded local batches (DecodePieces requests) in order, ahead of the engine, 
 shared-memory slots: the engine's no-grad pass takes its chunks from the window while the
 processes fill the rest of it, and during the grad pass (which decodes nothing once chunks are
 kept) they decode the next local batch's first chunks. The window is the only buffer, so its
-size bounds the pool's host memory (the planner counts it: plan/memory.py).
+size bounds the pool's host memory (the planner counts it: data/footprint.py).
 
 Why not torch's DataLoader: a persistent DataLoader driven with a settable sampler works, but
 its failure handling is torch's (a SIGCHLD handler that reports a dead worker as a RuntimeError

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .settings import EngineSettings
+
 
 class PackedSelfAttention(nn.MultiheadAttention):
     """An `nn.MultiheadAttention` whose self-attention calls skip the layout copies.
@@ -140,10 +142,11 @@ def _swap_classes(model: nn.Module, wanted, new_class) -> int:
 
 
 def fast_tower_modules(model: nn.Module, attention: bool = True, patch_embedding: bool = True,
-                       mlp_epilogue: bool = True) -> Dict[str, int]:
+                       mlp_epilogue: bool = EngineSettings.gelu_epilogue) -> Dict[str, int]:
     """The fast forwards on `model` (all three unless one is turned off: launch/probe_towers.py
     times them apart), in place; how many modules of each kind changed (none the second time).
-    The engine always says which: `mlp_epilogue` is its settings' gelu_epilogue (model.gelu_epilogue)."""
+    The engine always says which: `mlp_epilogue` is its settings' gelu_epilogue (model.gelu_epilogue,
+    whose default is the recipe's, config/recipe.py)."""
     return {"attention": _swap_classes(model, _packable, PackedSelfAttention) if attention else 0,
             "patch_embedding": _swap_classes(model, _is_patch_embedding, PatchEmbeddingGemm) if patch_embedding else 0,
             "mlp_epilogue": _swap_classes(model, _epilogue_mlp, EpilogueGeluMlp) if mlp_epilogue else 0}
