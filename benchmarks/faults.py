@@ -77,7 +77,7 @@ def step_of(line: str) -> int:
 
 
 def latest_step(run_dir: Path) -> Optional[int]:
-    from infcl_ds.training.checkpoint import read_latest
+    from infcl_ds.checkpoint.tags import read_latest
     name = read_latest(run_dir / "checkpoints")
     return int(name.split("_")[1]) if name and re.fullmatch(r"step_\d+", name) else None
 
@@ -95,18 +95,18 @@ def saving(run_dir: Path) -> Optional[str]:
 
 def latest_verified(run_dir: Path) -> str:
     """The tag ``latest`` names once its manifest verified, or why not."""
-    from infcl_ds.training.checkpoint import resolve_tag
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    from infcl_ds.checkpoint.tags import resolve_tag
     try:
-        return resolve_tag(run_dir / "checkpoints").name  # this process holds no lock: it removes nothing
+        return resolve_tag(run_dir / "checkpoints").name  # not the run's owner: it removes nothing
     except CheckpointError as err:
         return f"refused: {err}"
 
 
 def partial_tags(run_dir: Path) -> List[str]:
     """Tag directories whose manifest does not verify (missing, damaged or not matching)."""
-    from infcl_ds.training.manifest import verify
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.manifest import verify
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     found = []
     for tag_dir in sorted((run_dir / "checkpoints").glob("step_*")):
         try:

@@ -20,7 +20,7 @@ Two formats (``--format``):
   or .pth: a folder with a file's name would surprise.
 
 The tag's manifest is verified and every file is read with ``weights_only=True``
-(``training/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
+(``checkpoint/safe_load.py``); ``--trust-checkpoint`` lifts the latter for a checkpoint whose
 origin you trust. ``--out`` is checked first (``outputs.py``): outside the checkpoints read,
 and an existing file or folder only if an earlier export wrote it (``is_export_output``,
 ``export_folder_files``). Problems are one line on stderr, exit status 2.
@@ -35,16 +35,16 @@ from typing import Dict, Optional, Set
 
 import torch
 
+from .checkpoint.atomic import atomic_write_bytes
+from .checkpoint.manifest import MANIFEST, verify
+from .checkpoint.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepspeed_reads_weights_only,
+                                   load_weights_only)
+from .checkpoint.tags import LATEST, resolve_tag
 from .cli_args import ArgumentParser
 from .models import (CONFIG_DIR, create_model, get_tokenizer, loss_of_state_dict, meta_model, model_config,
                      state_dict_shapes)
 from .outputs import OutPathError, check_out_file, check_out_folder, refuse_inside, replace_file, replace_folder
 from .run_dir import CHECKPOINTS, RECIPE
-from .training.atomic import atomic_write_bytes
-from .training.checkpoint import LATEST, resolve_tag
-from .training.manifest import MANIFEST, verify
-from .training.safe_load import (TRUST_FLAG, TRUST_HELP, CheckpointError, deepspeed_reads_weights_only,
-                                 load_weights_only)
 
 WRITTEN_BY = "infcl-ds export"
 FORMATS = ("open_clip", "pt")

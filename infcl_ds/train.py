@@ -16,13 +16,14 @@ import sys
 import time
 from typing import List, Optional
 
+from .checkpoint.safe_load import TRUST_FLAG, TRUST_HELP
 from .config import RecipeError, load_recipe
+from .parallel.ring import is_collective_failure
 from .training.distributed import collective_timeout_s, make_timeout_env_importable
 from .training.exits import DONE_EXIT, EXIT_STATUSES, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, \
-    exit_now, is_collective_failure, one_line
+    exit_now, one_line
 from .training.launcher_watch import watch_launcher
 from .training.run_lock import RunDirBusy, take_if_owner
-from .training.safe_load import TRUST_FLAG, TRUST_HELP
 
 
 def parse_args(argv: Optional[List[str]]):

@@ -1,15 +1,16 @@
 """Unfinished checkpoint tags (no manifest.json: a save or a removal cut short) are removed by
 the run's owner only: by a save whose collective failed, and when a resume resolves its tag;
 never the tag `latest` names or the one asked for, never a damaged one, never by a process
-that does not hold the run's lock (training/checkpoint.py's docstring)."""
+that does not hold the run's lock (infcl_ds/checkpoint/tags.py's docstring)."""
 from pathlib import Path
 
 import pytest
 import torch
 
-from infcl_ds.training import checkpoint, run_lock
-from infcl_ds.training.manifest import MANIFEST, write_manifest
-from infcl_ds.training.safe_load import CheckpointError
+from infcl_ds.checkpoint import store, tags
+from infcl_ds.checkpoint.manifest import MANIFEST, write_manifest
+from infcl_ds.checkpoint.safe_load import CheckpointError
+from infcl_ds.training import run_lock
 
 
 def _tag(checkpoints: Path, step: int, finished: bool = True) -> Path:
@@ -30,12 +31,22 @@ def _run(tmp_path: Path, latest: int) -> Path:
     _tag(checkpoints, latest)
     _tag(checkpoints, 4, finished=False)
     (_tag(checkpoints, 5) / MANIFEST).write_text("{not json")
-    (checkpoints / checkpoint.LATEST).write_text(f"step_{latest:08d}")
+    (checkpoints / tags.LATEST).write_text(f"step_{latest:08d}")
     return checkpoints
 
 
 def _tags(checkpoints: Path) -> list:
     return sorted(p.name for p in checkpoints.glob("step_*"))
+
+
+def _owner(checkpoints: Path) -> bool:
+    """Whether this process owns the run, as the trainer asks it: it holds the run's lock."""
+    return run_lock.holds(checkpoints.parent)
+
+
+def _resolve(checkpoints: Path, *tag: str) -> Path:
+    """Resolve a tag as the trainer's resume does."""
+    return tags.resolve_tag(checkpoints, *tag, owner=_owner(checkpoints))
 
 
 @pytest.fixture
@@ -48,14 +59,14 @@ def owner(tmp_path):
 
 def test_the_owner_removes_unfinished_tags_older_and_newer_than_latest(tmp_path, owner, capsys):
     checkpoints = _run(tmp_path, latest=3)
-    assert checkpoint.resolve_tag(checkpoints) == checkpoints / "step_00000003"
+    assert _resolve(checkpoints) == checkpoints / "step_00000003"
     assert _tags(checkpoints) == ["step_00000002", "step_00000003", "step_00000005"]  # the damaged one stays
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("infcl-ds train: removed 2 unfinished checkpoint tag(s) of ")
     assert "step_00000001, step_00000004: no manifest.json" in lines[0]
     assert lines[0].endswith("latest names step_00000003")
-    checkpoint.resolve_tag(checkpoints)  # nothing left to remove: no second line
+    _resolve(checkpoints)  # nothing left to remove: no second line
     assert capsys.readouterr().err == ""
 
 
@@ -63,30 +74,31 @@ def test_a_process_without_the_runs_lock_removes_nothing(tmp_path, capsys):
     # export and eval, or anything reading a run that may be saving that very tag
     checkpoints = _run(tmp_path, latest=3)
     before = _tags(checkpoints)
-    assert checkpoint.resolve_tag(checkpoints) == checkpoints / "step_00000003"
+    assert _resolve(checkpoints) == checkpoints / "step_00000003"
     assert _tags(checkpoints) == before and capsys.readouterr().err == ""
 
 
 def test_the_tag_latest_names_and_the_tag_asked_for_are_never_removed(tmp_path, owner):
     checkpoints = _run(tmp_path, latest=3)
-    (checkpoints / checkpoint.LATEST).write_text("step_00000004")  # names an unfinished tag
+    (checkpoints / tags.LATEST).write_text("step_00000004")  # names an unfinished tag
     with pytest.raises(CheckpointError, match="step_00000004 has no manifest.json"):
-        checkpoint.resolve_tag(checkpoints)
+        _resolve(checkpoints)
     assert "step_00000004" in _tags(checkpoints) and "step_00000001" not in _tags(checkpoints)
     _tag(checkpoints, 6, finished=False)
     with pytest.raises(CheckpointError, match="step_00000006 has no manifest.json"):
-        checkpoint.resolve_tag(checkpoints, "step_00000006")
+        _resolve(checkpoints, "step_00000006")
     assert {"step_00000004", "step_00000006"} <= set(_tags(checkpoints))
 
 
 def test_a_removal_cut_short_leaves_an_unfinished_tag(tmp_path, owner, monkeypatch):
     checkpoints = _run(tmp_path, latest=3)
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed right after the manifest went
-    checkpoint._prune(checkpoints, keep=1, current="step_00000005")
-    assert checkpoint.unfinished_tags(checkpoints) == ["step_00000001", "step_00000002", "step_00000003",
-                                                       "step_00000004"]
+    monkeypatch.setattr(tags.shutil, "rmtree", lambda *a, **k: None)  # killed right after the manifest went
+    tags.prune(checkpoints, keep=1, current="step_00000005")
+    assert tags.unfinished_tags(checkpoints) == ["step_00000001", "step_00000002", "step_00000003",
+                                                 "step_00000004"]
     monkeypatch.undo()
-    assert checkpoint.remove_unfinished_tags(checkpoints) == ["step_00000001", "step_00000002", "step_00000004"]
+    assert tags.remove_unfinished_tags(checkpoints, owner=_owner(checkpoints)) == ["step_00000001", "step_00000002",
+                                                                                   "step_00000004"]
 
 
 class _Engine:
@@ -100,7 +112,7 @@ class _Engine:
         (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
         (Path(save_dir) / tag / "mp_rank_00_model_states.pt").write_bytes(b"part")
         if self.named:
-            (Path(save_dir) / checkpoint.LATEST).write_text(tag)
+            (Path(save_dir) / tags.LATEST).write_text(tag)
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
 
 
@@ -112,8 +124,8 @@ def test_a_save_whose_collective_fails_removes_its_tag_on_rank_0(tmp_path, monke
     # Only rank 0 removes (it owns the run's files); the next resume removes what rank 1 leaves.
     checkpoints = tmp_path / "run" / "checkpoints"
     _tag(checkpoints, 1)
-    (checkpoints / checkpoint.LATEST).write_text("step_00000001")
-    monkeypatch.setattr(checkpoint, "_failed_ranks", lambda failed, device: [])  # no job to ask
+    (checkpoints / tags.LATEST).write_text("step_00000001")
+    monkeypatch.setattr(store, "_failed_ranks", lambda failed, device: [])  # no job to ask
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        checkpoint.save(_Engine(named), checkpoints, 2, {}, rank)
+        store.save(_Engine(named), checkpoints, 2, {}, rank)
     assert _tags(checkpoints) == left

@@ -99,9 +99,10 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
     import infcl_ds.engine.params as params
     from devices import exact_loss
 
+    from infcl_ds.checkpoint import rng, store, tags
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     from infcl_ds.engine import ContrastiveEngine, EngineSettings
     from infcl_ds.models import create_model
-    from infcl_ds.training import checkpoint
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
 
@@ -116,10 +117,10 @@ def _zero3_checkpoint_round_trip(rank, world, tmp, save_in_old_order):
     params.align_for_flat_buffers = aligned
     writer.forward_backward(torch.randn(4, 3, 16, 16), torch.randint(0, 1000, (4, 16)))
     writer.deepspeed.step()
-    checkpoint.save(writer.deepspeed, tmp, 1, {"rng": checkpoint.rng_state()}, rank)
+    store.save(writer.deepspeed, tmp, 1, {"rng": rng.rng_state()}, rank)
     try:
-        checkpoint.load(engine().deepspeed, checkpoint.resolve_tag(tmp), rank)
-    except checkpoint.CheckpointError as err:
+        store.load(engine().deepspeed, tags.resolve_tag(tmp), rank)
+    except CheckpointError as err:
         return str(err)
     return "loaded"
 

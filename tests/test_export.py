@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from dist_utils import run_ranks
+from infcl_ds.checkpoint.safe_load import CheckpointError
 from infcl_ds.eval import build_zero_shot_classifier, zero_shot_accuracy
 from infcl_ds.eval.cli import main as eval_main
 from infcl_ds.export import export, load_exported, load_state_dict_from_checkpoint, main as export_main
 from infcl_ds.models import CONFIG_DIR, create_model, get_tokenizer, model_info
-from infcl_ds.training.safe_load import CheckpointError
 from test_eval import CLASSNAMES, TEMPLATES, FakeEvalData, open_clip_train_accuracy
 
 NAME, TAG, BATCH, CHUNK = "infcl-tiny", "step_000001", 8, 4
@@ -37,7 +37,7 @@ def _train_and_save(rank, world, stage, checkpoints):
     g = torch.Generator().manual_seed(1)
     step.train_step(torch.randn(BATCH, 3, 16, 16, generator=g), torch.randint(1, 1000, (BATCH, 16), generator=g))
     step.deepspeed.save_checkpoint(checkpoints, tag=TAG)
-    from infcl_ds.training.manifest import write_manifest
+    from infcl_ds.checkpoint.manifest import write_manifest
     write_manifest(Path(checkpoints) / TAG, recipe_sha256="")  # as the trainer's save does
     return {name: param.detach().clone() for name, param in step.model.named_parameters()}
 

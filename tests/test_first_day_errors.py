@@ -13,16 +13,16 @@ from devices import DEVICE
 from dist_utils import run_ranks
 from launch_utils import TINY, data_check, start_ranks, wait_all
 
+from infcl_ds.checkpoint.safe_load import CheckpointError
+from infcl_ds.checkpoint.state_mismatch import summarize
+from infcl_ds.checkpoint.tags import LATEST, resolve_tag
 from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.data import DataError
 from infcl_ds.data.sources import MAX_CSV_FIELD_CHARS, CsvSource
 from infcl_ds.data.webdataset_source import TarSource
 from infcl_ds.shown import shown
-from infcl_ds.training import checkpoint
 from infcl_ds.training.divergence import DivergedError, check_step, check_weights
 from infcl_ds.training.recipe_change import summary, trajectory_changes
-from infcl_ds.training.safe_load import CheckpointError
-from infcl_ds.training.state_mismatch import summarize
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def test_divergence_is_decided_from_values_every_rank_shares(tmp_path):
                                             r"written$"):
         check_step(3, torch.tensor(float("nan")), 2.0, checkpoints)
     checkpoints.mkdir()
-    (checkpoints / checkpoint.LATEST).write_text("step_00000002")
+    (checkpoints / LATEST).write_text("step_00000002")
     with pytest.raises(DivergedError, match=r"^step 4: the run diverged: the gradient norm is inf; .*; the last "
                                             r"checkpoint is step_00000002$"):
         check_step(4, torch.tensor(1.0), float("inf"), checkpoints)
@@ -135,7 +135,7 @@ def test_a_diverged_run_names_its_step_and_last_checkpoint(tmp_path):
     assert lines[0].endswith("the last checkpoint is step_00000001"), lines
     tags = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
     assert tags == ["step_00000001"]
-    checkpoint.resolve_tag(run / "checkpoints")  # complete; its weights were checked finite before the save
+    resolve_tag(run / "checkpoints")  # complete; its weights were checked finite before the save
 
 
 # -- CSVs: long captions, a byte order mark -------------------------------------------------
@@ -213,10 +213,10 @@ def test_an_unusable_output_dir_is_one_line_at_load(tmp_path, name, why):
 def test_latest_holding_a_nul_is_named(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
-    (checkpoints / checkpoint.LATEST).write_bytes(b"step_\x0000000001")
+    (checkpoints / LATEST).write_bytes(b"step_\x0000000001")
     with pytest.raises(CheckpointError) as err:
-        checkpoint.resolve_tag(checkpoints)
-    assert _one_line(str(err.value)).startswith(f"{checkpoints / checkpoint.LATEST} does not hold a tag name")
+        resolve_tag(checkpoints)
+    assert _one_line(str(err.value)).startswith(f"{checkpoints / LATEST} does not hold a tag name")
 
 
 def test_a_changed_model_is_a_short_summary():

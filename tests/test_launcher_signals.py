@@ -14,7 +14,7 @@ from launch_utils import ROOT, SYNTHETIC, TINY
 from test_launch import environment
 
 from benchmarks.common import free_port
-from infcl_ds.training import checkpoint
+from infcl_ds.checkpoint import tags
 from infcl_ds.training.launcher_watch import LAUNCHER_GONE_EXIT, LauncherWatch, Process, is_alive, launcher_processes
 from infcl_ds.training.procs import is_deepspeed_launch, process_stat
 
@@ -56,7 +56,7 @@ def test_a_signal_to_the_launcher_ends_every_rank(tmp_path):
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not (run / "checkpoints" / checkpoint.LATEST).is_file():  # training, saving every 2 steps
+        while not (run / "checkpoints" / tags.LATEST).is_file():  # training, saving every 2 steps
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         ranks = _ranks(proc.pid)
@@ -75,7 +75,7 @@ def test_a_signal_to_the_launcher_ends_every_rank(tmp_path):
         before = _files(run)
         time.sleep(2)
         assert _files(run) == before
-        tag = checkpoint.resolve_tag(run / "checkpoints")  # latest names a tag whose manifest verifies
+        tag = tags.resolve_tag(run / "checkpoints")  # latest names a tag whose manifest verifies
         assert tag.name.startswith("step_")
         text = log.read_text()
         assert "the deepspeed launcher (pid" in text and "went away" in text, text[-3000:]

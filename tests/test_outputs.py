@@ -58,7 +58,7 @@ def _inside_outs(run, tmp_path):
 
 @pytest.mark.parametrize("how", ["direct", "symlink", "dotdot"])
 def test_export_into_the_checkpoints_it_reads_is_refused(run, tmp_path, capsys, how):
-    from infcl_ds.training.checkpoint import resolve_tag
+    from infcl_ds.checkpoint.tags import resolve_tag
     out = _inside_outs(run, tmp_path)[how]
     before = (run / "checkpoints" / TAG / STATES).read_bytes()
     assert export_main(["--checkpoint", str(run), "--out", str(out)]) == 2
@@ -127,8 +127,8 @@ def _damaged(kind: str) -> bytes:
 
 @pytest.mark.parametrize("kind", ["nested thousands deep", "a name holding a NUL", "beyond the size bound"])
 def test_a_malformed_manifest_is_a_damaged_checkpoint_in_resume_export_and_eval(tmp_path, fake_data, capsys, kind):
-    from infcl_ds.training.checkpoint import resolve_tag
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    from infcl_ds.checkpoint.tags import resolve_tag
     run = tmp_path / "run"
     tag = run / "checkpoints" / "step_00000001"
     tag.mkdir(parents=True)

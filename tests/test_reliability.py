@@ -41,7 +41,7 @@ class _Marker:
 def _plant(path: Path, marker: Path) -> None:
     """Add the marker's pickle to a checkpoint file and re-sign the tag's manifest, as an
     attacker who can write the files can: only the unpickler stands in the way."""
-    from infcl_ds.training.manifest import read_manifest, write_manifest
+    from infcl_ds.checkpoint.manifest import read_manifest, write_manifest
     state = torch.load(path, map_location="cpu", weights_only=False)
     state["payload"] = _Marker(marker)
     torch.save(state, path)
@@ -55,8 +55,8 @@ FILES = {"client": "client_rank0.pt", "model_states": "mp_rank_00_model_states.p
 def _train_then_resume_attempts(rank, world, run_dir, marker):
     """Train; then resume with a changed recipe (refused, then allowed), and with a hostile
     pickle in each kind of checkpoint file (refused). Returns what each attempt raised."""
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     from infcl_ds.training.trainer import Trainer
-    from infcl_ds.training.safe_load import CheckpointError
     run_dir, marker = Path(run_dir), Path(marker)
     Trainer(_recipe(run_dir)).run()
     out = {}
@@ -130,8 +130,8 @@ def test_recipe_change_refused_unless_allowed(trained):
 
 
 def test_tags_outside_the_run_are_refused(trained, tmp_path):
-    from infcl_ds.training.checkpoint import resolve_tag
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    from infcl_ds.checkpoint.tags import resolve_tag
     run_dir, _, _ = trained
     checkpoints = run_dir / "checkpoints"
     elsewhere = tmp_path / "elsewhere"
@@ -162,8 +162,8 @@ def test_cli_refuses_a_tag_outside_the_run(trained, tmp_path, capsys):
 
 @pytest.mark.parametrize("damage", ["truncate", "garble", "empty_manifest"])
 def test_damaged_tag_is_named_with_the_intact_ones(trained, damage):
-    from infcl_ds.training.checkpoint import resolve_tag
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    from infcl_ds.checkpoint.tags import resolve_tag
     run_dir, _, _ = trained
     checkpoints = run_dir / "checkpoints"
     victim = checkpoints / "step_00000002" / ("manifest.json" if damage == "empty_manifest" else FILES["optim_states"])
@@ -186,8 +186,8 @@ def test_damaged_tag_is_named_with_the_intact_ones(trained, damage):
 
 def _save_fails_on_rank1(rank, world, run_dir):
     """Two ranks; rank 1's write of the step-2 checkpoint fails with ENOSPC."""
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     from infcl_ds.training.trainer import Trainer
-    from infcl_ds.training.safe_load import CheckpointError
     trainer = Trainer(_recipe(run_dir, ["schedule.steps=3"]))
     if rank == 1:
         real_save = torch.save
@@ -206,7 +206,7 @@ def _save_fails_on_rank1(rank, world, run_dir):
 
 
 def test_full_disk_during_a_save_keeps_the_last_complete_tag(tmp_path):
-    from infcl_ds.training.checkpoint import read_latest
+    from infcl_ds.checkpoint.tags import read_latest
     results = run_ranks(_save_fails_on_rank1, 2, str(tmp_path), wait_s=300)
     for rank in range(2):
         assert "saving checkpoint step_00000002 failed on rank 1" in results[rank], results[rank]
@@ -461,17 +461,17 @@ def test_export_and_eval_name_a_missing_path_in_one_line(trained, tmp_path, caps
 
 def test_a_manifest_entry_that_is_not_an_entry_is_a_damaged_manifest(tmp_path):
     """A number in place of {"bytes", "sha256"} was an AttributeError traceback."""
-    from infcl_ds.training.manifest import read_manifest
-    from infcl_ds.training.safe_load import CheckpointError
+    from infcl_ds.checkpoint.manifest import read_manifest
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     (tmp_path / "manifest.json").write_text('{"format": 1, "files": {"model.pt": 5}}')
     with pytest.raises(CheckpointError, match="manifest.json is damaged"):
         read_manifest(tmp_path)
 
 
 def test_a_saved_recipe_with_a_python_tag_is_one_line_not_a_constructor_traceback(tmp_path):
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     from infcl_ds.export import run_model_name
     from infcl_ds.training.recipe_change import trajectory_changes
-    from infcl_ds.training.safe_load import CheckpointError
     hostile = "model: {name: !!python/object/apply:os.system [touch pwned]}\n"
     with pytest.raises(CheckpointError, match=r"run/recipe.yaml is not a recipe: .*python/object/apply"):
         trajectory_changes(hostile, "model: {name: infcl-tiny}\n", "run/recipe.yaml")
@@ -505,7 +505,7 @@ def test_an_allowed_class_called_with_bad_arguments_is_a_damaged_file(tmp_path):
     arguments it does not take raised its constructor's TypeError as a traceback."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
 
-    from infcl_ds.training.safe_load import CheckpointError, load_weights_only
+    from infcl_ds.checkpoint.safe_load import CheckpointError, load_weights_only
 
     class BadCall:
         def __reduce__(self):

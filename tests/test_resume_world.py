@@ -91,7 +91,7 @@ def _plant(path, marker):
     """Add the marker's pickle to a checkpoint file and re-sign its tag's manifest."""
     import torch
 
-    from infcl_ds.training.manifest import read_manifest, write_manifest
+    from infcl_ds.checkpoint.manifest import read_manifest, write_manifest
     state = torch.load(path, map_location="cpu", weights_only=False)
     state["payload"] = _Marker(marker)
     torch.save(state, path)
@@ -119,9 +119,9 @@ def _train(rank, world, jobs):
     import contextlib
     import io
 
+    from infcl_ds.checkpoint import store
+    from infcl_ds.checkpoint.safe_load import CheckpointError
     from infcl_ds.training.trainer import Trainer
-    from infcl_ds.training import checkpoint
-    from infcl_ds.training.safe_load import CheckpointError
     out = []
     for run_dir, stage, tag, *extra in jobs:
         if extra:  # a ZeRO-1 resume that must be refused, with these recipe overrides: what it raised
@@ -133,14 +133,14 @@ def _train(rank, world, jobs):
             continue
         samples, err, states = [], io.StringIO(), {}
         restore = _record_samples(samples)
-        save = checkpoint.save
+        save = store.save
 
         def save_and_record(engine, checkpoint_dir, step, *args, **kwargs):
             if step == RESUME_AT:
                 states["digests"] = _state_digests(engine)
             return save(engine, checkpoint_dir, step, *args, **kwargs)
 
-        checkpoint.save = save_and_record
+        store.save = save_and_record
         try:
             with contextlib.redirect_stderr(err):
                 trainer = Trainer(_recipe(run_dir, stage), resume=tag)
@@ -149,7 +149,7 @@ def _train(rank, world, jobs):
                     states["digests"] = _state_digests(trainer.engine.deepspeed)
                 trainer.run()
         finally:
-            checkpoint.save = save
+            store.save = save
             restore()
         # The batch assembled ahead of the last step was never trained on.
         out.append((samples[:(STEPS - start) * trainer.recipe.local_batch(world)], states["digests"],

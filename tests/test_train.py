@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
+from infcl_ds.checkpoint.tags import read_latest
 from infcl_ds.config import RecipeError, check_world, load_recipe
-from infcl_ds.training.checkpoint import read_latest
 from launch_utils import TINY, start_ranks, wait_all
 
 STEPS = 12

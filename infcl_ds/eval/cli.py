@@ -11,11 +11,11 @@ from typing import Optional
 
 import torch
 
+from ..checkpoint.safe_load import TRUST_FLAG, TRUST_HELP, CheckpointError
 from ..cli_args import ArgumentParser, positive_int
 from ..export import checkpoints_of, load_state_dict_from_checkpoint, resolve_tag_dir, run_model_name
 from ..models import create_model, get_tokenizer, loss_of_state_dict, model_info
 from ..outputs import check_out_file, replace_file
-from ..training.safe_load import TRUST_FLAG, TRUST_HELP, CheckpointError
 from . import evaluate, metric_label
 
 WRITTEN_BY = "infcl-ds eval"

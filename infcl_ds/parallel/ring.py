@@ -21,6 +21,15 @@ class RingError(RuntimeError):
     """A ring transfer failed: a peer is gone or stuck."""
 
 
+def is_collective_failure(err: BaseException) -> bool:
+    """A failed or timed-out collective (gloo, NCCL or the ring) rather than a bug here."""
+    if isinstance(err, RingError) or type(err).__name__ in ("DistError", "DistBackendError", "DistNetworkError"):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        word in text for word in ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "gloo"))
+
+
 def group_size(group=None) -> int:
     """Ranks in ``group`` (None: the default group); 1 without torch.distributed, where a
     group given is a ValueError."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from ..checkpoint.tags import read_latest
 
 
 class DivergedError(ValueError):
@@ -26,7 +26,7 @@ ADVICE = "lower optimizer.lr or set optimizer.grad_clip"
 
 
 def _last_checkpoint(checkpoint_dir: Path) -> str:
-    tag = checkpoint.read_latest(checkpoint_dir)
+    tag = read_latest(checkpoint_dir)
     return f"the last checkpoint is {tag}" if tag else "no checkpoint was written"
 
 

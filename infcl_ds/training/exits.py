@@ -3,13 +3,12 @@ the errors that map to them."""
 import os
 import sys
 
+from ..checkpoint.safe_load import CheckpointError
 from ..config import RecipeError
 from ..data.errors import DataError
-from ..parallel.ring import RingError
 from .divergence import DivergedError
 from .preflight import StartupError
 from .procs import wake_stopped_siblings
-from .safe_load import CheckpointError
 
 DONE_EXIT = 0
 USER_ERROR_EXIT = 2
@@ -24,15 +23,6 @@ EXIT_STATUSES = (
 
 # Errors that are the run's configuration or files, not a bug: one line, exit 2.
 USER_ERRORS = (RecipeError, DataError, CheckpointError, StartupError, DivergedError, FileNotFoundError)
-
-
-def is_collective_failure(err: BaseException) -> bool:
-    """A failed or timed-out collective (gloo, NCCL or the ring) rather than a bug here."""
-    if isinstance(err, RingError) or type(err).__name__ in ("DistError", "DistBackendError", "DistNetworkError"):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and any(
-        word in text for word in ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "gloo"))
 
 
 def one_line(err: BaseException) -> str:

@@ -11,9 +11,9 @@ from typing import Any, Dict, List
 
 import yaml
 
+from ..checkpoint.safe_load import CheckpointError
 from ..config import recipe_yaml
 from ..shown import shown
-from .safe_load import CheckpointError
 
 TRAJECTORY_KEYS = (
     "model.name", "model.seed", "model.loss", "model.float8",

@@ -14,6 +14,8 @@ import deepspeed.comm as dist
 import torch
 from tqdm import tqdm
 
+from ..checkpoint import reshard, store, tags
+from ..checkpoint.safe_load import CheckpointError
 from ..config import Recipe, build_deepspeed_config, check_world, dump_recipe
 from ..data import build_eval_data, build_train_data
 from ..data.check import check_paths
@@ -23,7 +25,7 @@ from ..eval import metric_label
 from ..models import get_tokenizer, model_info
 from ..run_dir import CHECKPOINTS, EVAL_JSON, RECIPE, RUN_INFO
 from ..validation import NonFiniteFeaturesError
-from . import checkpoint, divergence, reshard
+from . import divergence
 from .build import build_engine
 from .distributed import collective_timeout_s, init_distributed
 from .launcher_watch import LauncherWatch, agreed_stop
@@ -32,8 +34,7 @@ from .preflight import StartupError, check_free_disk, check_output_dir, checkpoi
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
 from .resolve import check_float8, resolve_auto_chunk, resolve_data
-from .run_lock import RunLock, share_refusal, take_if_owner
-from .safe_load import CheckpointError
+from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
 
 class Trainer:
@@ -144,15 +145,15 @@ class Trainer:
         self.saved_world, self.merged_client = self.world, None
         if not tag:
             return None
-        tag_dir = checkpoint.resolve_tag(self.checkpoint_dir, tag)
+        tag_dir = tags.resolve_tag(self.checkpoint_dir, tag, owner=holds(self.checkpoint_dir.parent))
         self.saved_world = reshard.saved_world_size(tag_dir)
         if self.resharding:
             self.merged_client = reshard.merged_client(
                 tag_dir, self.saved_world, self.rank,
-                lambda path, rank: checkpoint.read_client(path, rank, self.trust_checkpoint))
+                lambda path, rank: store.read_client(path, rank, self.trust_checkpoint))
         else:
-            checkpoint.read_client(tag_dir, self.rank, self.trust_checkpoint)
-        saved = tag_dir / checkpoint.RECIPE
+            store.read_client(tag_dir, self.rank, self.trust_checkpoint)
+        saved = tag_dir / store.RECIPE
         changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
             raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
@@ -164,7 +165,7 @@ class Trainer:
 
     @property
     def resharding(self) -> bool:
-        """Resuming a checkpoint written by another number of ranks (training/reshard.py)."""
+        """Resuming a checkpoint written by another number of ranks (checkpoint/reshard.py)."""
         return self.saved_world != self.world
 
     def _resume(self) -> None:
@@ -173,7 +174,7 @@ class Trainer:
             reshard.load(self.engine.deepspeed, self.resume_dir, client, self.saved_world, self.rank, self.device,
                          self.recipe.model.seed, self.trust_checkpoint)
         else:
-            client = checkpoint.load(self.engine.deepspeed, self.resume_dir, self.rank, self.trust_checkpoint)
+            client = store.load(self.engine.deepspeed, self.resume_dir, self.rank, self.trust_checkpoint)
         self.step = client["step"]
         self.data.load_state_dict(client["data"])
 
@@ -264,8 +265,8 @@ class Trainer:
                                  self.world)
         client = {"data": self.data.state_dict()}
         with self.watch.saving():  # a launcher that goes now waits for this save (it is atomic either way)
-            checkpoint.save(self.engine.deepspeed, self.checkpoint_dir, self.step, client, self.rank,
-                            keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
+            store.save(self.engine.deepspeed, self.checkpoint_dir, self.step, client, self.rank,
+                       keep=self.recipe.checkpoint.keep, recipe_text=dump_recipe(self.recipe))
 
     def _logit_scale(self) -> float:
         param = self.engine.model.logit_scale

@@ -180,7 +180,7 @@ def load(engine, tag_dir: Path, client: Dict[str, Any], saved_world: int, rank: 
     CheckpointError on all."""
     import deepspeed.comm as dist
 
-    from .checkpoint import load_engine
+    from .store import load_engine
     world, stage = dist.get_world_size(), engine.zero_optimization_stage()
     if rank == 0:
         announce(tag_dir.name, saved_world, world, stage, client["data"])
