@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from infcl_ds.plan.cli import parse_size
+from infcl_ds.plan.command import parse_size
 from infcl_ds.plan.memory import GIB
 from .common import run_identity, write_rows
 

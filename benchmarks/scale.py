@@ -365,7 +365,7 @@ def planned(part: Part, setup: Setup, sets: List[str], launch: Launch) -> dict:
 def plan_json(config: str, sets: List[str], gpus: int, per_node: int, host_memory: Optional[str]) -> dict:
     """(The child.) The plan of the recipe on this node's sizes, and the run's identity."""
     from infcl_ds.config import load_recipe
-    from infcl_ds.plan.cli import memory_sizes, node_cores, parse_size
+    from infcl_ds.plan.command import memory_sizes, node_cores, parse_size
     from infcl_ds.plan.machine import read_node
     from infcl_ds.plan.plan import make_plan
 

@@ -6,9 +6,9 @@ from pathlib import Path
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("infcl_ds.train", "main", "train a CLIP from a recipe (also: deepspeed --module infcl_ds.train)"),
-    "eval": ("infcl_ds.eval.cli", "main", "zero-shot and retrieval evaluation of a checkpoint"),
+    "eval": ("infcl_ds.eval.evaluate_checkpoint", "main", "zero-shot and retrieval evaluation of a checkpoint"),
     "export": ("infcl_ds.export", "main", "write an open_clip model folder (or --format pt state dict) from a checkpoint"),
-    "plan": ("infcl_ds.plan.cli", "main", "per-GPU and host memory, step time and a verdict for a recipe"),
+    "plan": ("infcl_ds.plan.command", "main", "per-GPU and host memory, step time and a verdict for a recipe"),
     "data digits": ("infcl_ds.data.digits", "main", "image-caption shards from scikit-learn's digits (no download)"),
     "data check": ("infcl_ds.data.check", "main", "a recipe's data paths exist (run by the launch scripts first)"),
     "data photos": ("infcl_ds.data.photos", "main", "JPEG shards of natural-looking images for benchmarks (no download)"),

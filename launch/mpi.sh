@@ -60,7 +60,7 @@ done
 python -m infcl_ds.cli data check --config "$recipe" ${sets[@]+"${sets[@]}"} || exit 2
 
 if [ "$plan" = 1 ]; then
-  python -m infcl_ds.plan.cli --config "$recipe" --gpus "$np" --gpus-per-node "$per_node" \
+  python -m infcl_ds.plan.command --config "$recipe" --gpus "$np" --gpus-per-node "$per_node" \
     ${planner[@]+"${planner[@]}"} || { status=$?; echo "mpi.sh: the planner refused $recipe" >&2; exit "$status"; }
 fi
 

@@ -56,7 +56,7 @@ if [ "$plan" = 1 ]; then
     world+=(--hostfile "$pool")
   fi
   status=0
-  python -m infcl_ds.plan.cli --config "$recipe" ${world[@]+"${world[@]}"} ${planner[@]+"${planner[@]}"} || status=$?
+  python -m infcl_ds.plan.command --config "$recipe" ${world[@]+"${world[@]}"} ${planner[@]+"${planner[@]}"} || status=$?
   [ -z "$pool" ] || rm -f "$pool"
   if [ "$status" != 0 ]; then
     echo "train.sh: the planner refused $recipe (--no-plan launches anyway)" >&2

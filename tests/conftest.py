@@ -35,7 +35,7 @@ def _train_data_closed_after_each_test(monkeypatch):
     """Each TrainData a test builds is closed when the test ends: its worker pools stop then,
     not whenever a later test happens to run the garbage collector (sampler.stop_workers)."""
     import sys
-    train = sys.modules.get("infcl_ds.data.train")  # imported by the test module if it uses data
+    train = sys.modules.get("infcl_ds.data.train_stream")  # imported by the test module if it uses data
     if train is None:
         yield
         return

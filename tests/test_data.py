@@ -278,7 +278,7 @@ def test_resume_is_exact(digits_dir, tokenizer, workers):
 def test_a_stream_stuck_in_its_loader_is_not_restarted_under_it(id_shards, tokenizer, monkeypatch):
     import threading
 
-    from infcl_ds.data import train as data_train
+    from infcl_ds.data import train_stream
     data = build(id_spec(id_shards, worker_batch=4), tokenizer, local_batch=8)
     release, stalled, calls = threading.Event(), threading.Event(), [0]
     load = type(data.dataset).__getitem__
@@ -290,7 +290,7 @@ def test_a_stream_stuck_in_its_loader_is_not_restarted_under_it(id_shards, token
             release.wait(30)
         return load(self, item)
     monkeypatch.setattr(type(data.dataset), "__getitem__", slow)
-    monkeypatch.setattr(data_train._AssembledAhead, "STOP_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(train_stream._AssembledAhead, "STOP_TIMEOUT_S", 0.2)
     stream = iter(data)
     next(stream)
     assert stalled.wait(30)

@@ -16,7 +16,7 @@ from launch_utils import ROOT, data_check
 from test_first_day_errors import _one_line
 
 from infcl_ds.data import DataError
-from infcl_ds.data.eval import find_zeroshot
+from infcl_ds.data.eval_split import find_zeroshot
 from infcl_ds.data.samples import MAX_TEXT_BYTES, SkipSample, load_or_replace
 from infcl_ds.data.sources import CsvSource
 from infcl_ds.data.tar_index import shard_spans

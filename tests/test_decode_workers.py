@@ -11,7 +11,7 @@ from infcl_ds.config import RecipeError, dump_recipe, load_recipe
 from infcl_ds.config.recipe import MAX_PROCESSES, DataSection
 from infcl_ds.data import DataError, build_train_data
 from infcl_ds.plan import machine
-from infcl_ds.plan.cli import main as plan_main
+from infcl_ds.plan.command import main as plan_main
 from infcl_ds.plan.plan import auto_decode_workers, make_plan
 from infcl_ds.training.recipe_change import trajectory_changes
 from infcl_ds.training.resolve import resolve_data, resolved_values
@@ -134,7 +134,7 @@ def test_the_recipe_default_is_auto_and_numbers_still_work():
 
 def test_the_plan_says_what_auto_becomes_and_why(capsys, monkeypatch):
     from test_plan_machine import CPU_NODE, H200_NODE
-    monkeypatch.setattr("infcl_ds.plan.cli.read_node", lambda: CPU_NODE)
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
     assert plan_main(["--config", TINY, "--gpus", "8", "--cores", "128", "--set", "batch.chunk=64"]) == 0
     out = capsys.readouterr().out
     assert ("  data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 128 on a node / 8 ranks, less "
@@ -144,7 +144,7 @@ def test_the_plan_says_what_auto_becomes_and_why(capsys, monkeypatch):
     assert ("data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 32 on a node / 2 ranks, less the "
             "training process and 1 reader; assumed 16 cores per GPU: this node has no GPU; pass --cores)"
             ) in capsys.readouterr().out
-    monkeypatch.setattr("infcl_ds.plan.cli.read_node", lambda: H200_NODE)
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: H200_NODE)
     assert plan_main(["--config", TINY, "--gpus", "2"]) == 0
     assert ("data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 32 on a node / 2 ranks, less the "
             "training process and 1 reader; read from this node)") in capsys.readouterr().out

@@ -19,7 +19,7 @@ import torch
 from dist_utils import run_ranks
 from infcl_ds.checkpoint.safe_load import CheckpointError
 from infcl_ds.eval import build_zero_shot_classifier, zero_shot_accuracy
-from infcl_ds.eval.cli import main as eval_main
+from infcl_ds.eval.evaluate_checkpoint import main as eval_main
 from infcl_ds.export import export, load_exported, load_state_dict_from_checkpoint, main as export_main
 from infcl_ds.models import CONFIG_DIR, create_model, get_tokenizer, model_info
 from test_eval import CLASSNAMES, TEMPLATES, FakeEvalData, open_clip_train_accuracy

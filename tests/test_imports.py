@@ -3,7 +3,8 @@ any depth (inside functions too), read with ast. No module takes part in an impo
 the layering of docs/architecture.md holds: ops < parallel < losses < engine < training and the
 entry points, each importing only its own layer and those below; data, config and checkpoint
 import neither the engine nor anything above it. (Imports by name at run time, importlib's, are
-not seen: cli.py dispatches its commands so.)"""
+not seen: cli.py dispatches its commands so.) No two modules share a last name but those kept on
+purpose (KEPT_SAME_NAMES, each with its reason)."""
 import ast
 from pathlib import Path
 from typing import Dict, List, Optional, Set
@@ -24,6 +25,14 @@ ENGINE = LAYERS.index(("infcl_ds.engine",))
 # Beside the layers: they import neither the engine nor anything above it.
 BESIDE = ("infcl_ds.data", "infcl_ds.config", "infcl_ds.checkpoint")
 
+# Modules that deliberately share a last name, each group with the reason a reader will not
+# confuse them. Any other shared name fails, and so does an entry here once it is gone.
+KEPT_SAME_NAMES = {
+    # The planner package and the module that composes its plan: both are the planner, the
+    # one thing the package calls plan (`infcl-ds plan`).
+    "plan": frozenset({"infcl_ds.plan", "infcl_ds.plan.plan"}),
+}
+
 
 def module_names(root: Path) -> Dict[str, Path]:
     """Dotted name -> file of every module of the package at `root` (a package by its __init__)."""
@@ -32,6 +41,16 @@ def module_names(root: Path) -> Dict[str, Path]:
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return names
+
+
+def same_names(root: Path = PACKAGE) -> Dict[str, frozenset]:
+    """Last name -> the dotted names of the package's modules that share it (a package by its
+    folder's name, so a module `data/eval.py` shares `eval` with the package `eval/`)."""
+    by_name: Dict[str, Set[str]] = {}
+    for dotted in module_names(root):
+        if "." in dotted:  # the package itself has no sibling to be confused with
+            by_name.setdefault(dotted.rpartition(".")[2], set()).add(dotted)
+    return {name: frozenset(found) for name, found in by_name.items() if len(found) > 1}
 
 
 def imported(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
@@ -157,3 +176,22 @@ def test_data_config_and_checkpoint_import_neither_the_engine_nor_the_entry_poin
     beside = [f"{a} -> {b}" for a in sorted(graph) if inside(a, BESIDE)
               for b in sorted(graph[a]) if (layer(b) or 0) >= ENGINE]
     assert not beside, f"{', '.join(BESIDE)} import the engine or above it: {beside}"
+
+
+def test_same_names_sees_modules_and_packages(tmp_path):
+    pkg = tmp_path / "pkg"
+    for folder in ("a", "b", "eval"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    for module in ("__init__.py", "a/cli.py", "b/cli.py", "b/eval.py", "a/only.py"):
+        (pkg / module).write_text("")
+    assert same_names(pkg) == {"cli": frozenset({"pkg.a.cli", "pkg.b.cli"}),
+                               "eval": frozenset({"pkg.eval", "pkg.b.eval"})}
+
+
+def test_no_two_modules_share_a_name_but_the_kept_ones():
+    shared = same_names()
+    new = [f"{name}: {sorted(found)}" for name, found in sorted(shared.items()) if KEPT_SAME_NAMES.get(name) != found]
+    assert not new, "modules sharing a name (name each for what it holds): " + "; ".join(new)
+    gone = sorted(set(KEPT_SAME_NAMES) - set(shared))
+    assert not gone, f"no longer shared: remove {gone} from KEPT_SAME_NAMES"

@@ -181,7 +181,7 @@ def _launcher_views(B, D):
 
 
 def test_triton_launchers_read_any_layout_as_its_contiguous_copy():
-    from infcl_ds.ops import grad_panel, lse, siglip
+    from infcl_ds.ops import grad_panel, lse, siglip_sweep
     B, D = 19, 24
     scale = torch.tensor([SCALE], device=DEVICE)
     bias = torch.tensor([BIAS], device=DEVICE)
@@ -196,8 +196,8 @@ def test_triton_launchers_read_any_layout_as_its_contiguous_copy():
             ds = grad_panel.grad_panel(a, b, scale, rows, cols, g, 0, "ieee")
             want_ds = grad_panel.grad_panel(a_dense, b_dense, scale, rows, cols, want_g, 0, "ieee")
             assert torch.equal(g, want_g) and torch.equal(ds, want_ds), name
-            sums = siglip.triton_tile(a, b, scale, bias, g, 0, "ieee")
-            want_sums = siglip.triton_tile(a_dense, b_dense, scale, bias, want_g, 0, "ieee")
+            sums = siglip_sweep.triton_tile(a, b, scale, bias, g, 0, "ieee")
+            want_sums = siglip_sweep.triton_tile(a_dense, b_dense, scale, bias, want_g, 0, "ieee")
             assert torch.equal(g, want_g) and torch.equal(sums, want_sums), name
 
 

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from dist_utils import run_ranks
-from infcl_ds.eval.cli import main as eval_main
+from infcl_ds.eval.evaluate_checkpoint import main as eval_main
 from infcl_ds.export import main as export_main
 from test_export import NAME, TAG, _labelled_set, _train_and_save
 

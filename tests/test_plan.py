@@ -11,7 +11,7 @@ from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.plan import KernelRates, make_plan, ring_scaling_table
 from infcl_ds.data import footprint
 from infcl_ds.plan import memory as mem
-from infcl_ds.plan.cli import hostfile_world, main, parse_size
+from infcl_ds.plan.command import hostfile_world, main, parse_size
 from infcl_ds.plan import calibrate
 from infcl_ds.plan.encoders import ACTIVATION_CALIBRATION, DEFAULT_ACTIVATION_CALIBRATION, estimate_model
 from infcl_ds.plan.timing import COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
@@ -530,7 +530,7 @@ def test_chunk_auto_is_the_largest_power_of_two_that_fits(name, gpus, gib):
 
 
 def test_chunk_auto_that_cannot_fit_is_a_plan_error():
-    from infcl_ds.plan.errors import PlanError
+    from infcl_ds.plan.refusal import PlanError
     from infcl_ds.plan.plan import auto_chunk
     recipe = load_recipe(RECIPES / "vit-l14-4m-8gpu.yaml", ["batch.chunk=auto"])
     with pytest.raises(PlanError, match="batch.chunk=auto: not even a chunk of 1 fits"):
@@ -581,7 +581,7 @@ def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(cap
     """tiny-cpu on 2 GPUs planned on a node without GPUs: '80 GiB' is marked as assumed, and its
     decoding line advises no data.decode_workers=58886."""
     from test_plan_machine import CPU_NODE
-    monkeypatch.setattr("infcl_ds.plan.cli.read_node", lambda: CPU_NODE)
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-2].startswith("fits: ") and out[-2].endswith("(assumed 80 GiB GPUs: this node has none; pass --gpu-memory)")
@@ -610,7 +610,7 @@ def test_decodes_follow_the_engines_passes():
 def test_rates_come_from_the_clip_loss_rows_of_a_benchmark_file(tmp_path):
     """--rates FILE: the CLIP loss's rows (8 B^2 D; files from before rows said so count as
     such); a sigmoid loss file (6 B^2 D) is refused rather than read at the wrong work."""
-    from infcl_ds.plan.errors import PlanError
+    from infcl_ds.plan.refusal import PlanError
     row = {"impl": "infcl_ds", "status": "measured", "dtype": "bf16", "D": 768, "B": 65536, "tflops_eff": 400.0}
     for flops in (8, None):
         path = tmp_path / f"clip-{flops}.json"

@@ -1,6 +1,6 @@
 """The planner reads the node it runs on (plan/machine.py), and flags still win."""
 from infcl_ds.plan import machine
-from infcl_ds.plan.cli import ASSUMED_GPU_MEMORY, main, memory_sizes
+from infcl_ds.plan.command import ASSUMED_GPU_MEMORY, main, memory_sizes
 from infcl_ds.plan.plan import DEFAULT_HOST_MEMORY
 
 GIB = 1 << 30
@@ -43,7 +43,7 @@ def test_host_memory_is_the_cgroup_limit_where_lower(tmp_path, monkeypatch):
 
 
 def test_the_report_names_the_source(monkeypatch, capsys):
-    monkeypatch.setattr("infcl_ds.plan.cli.read_node", lambda: H200_NODE)
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: H200_NODE)
     assert main(["--config", "ds_configs/recipes/tiny-cpu.yaml", "--gpus", "2"]) == 0
     out = capsys.readouterr().out
     assert "(read from this node: 2 x NVIDIA H200, 140.4 GiB each)" in out

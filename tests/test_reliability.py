@@ -90,7 +90,7 @@ def trained(tmp_path_factory):
 
 
 def test_hostile_pickle_refused_on_resume_export_and_eval(trained, tmp_path, capsys):
-    from infcl_ds.eval.cli import main as eval_main
+    from infcl_ds.eval.evaluate_checkpoint import main as eval_main
     from infcl_ds.export import main as export_main
     run_dir, results, marker = trained
     for kind, name in FILES.items():
@@ -445,7 +445,7 @@ def test_a_shard_of_unusable_samples_is_one_line_not_a_traceback(tmp_path, worke
 
 
 def test_export_and_eval_name_a_missing_path_in_one_line(trained, tmp_path, capsys):
-    from infcl_ds.eval.cli import main as eval_main
+    from infcl_ds.eval.evaluate_checkpoint import main as eval_main
     from infcl_ds.export import main as export_main
     run_dir, _, _ = trained
     assert export_main(["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "m.pt")]) == 2

@@ -100,7 +100,7 @@ def _plant(path, marker):
 
 def _record_samples(log):
     """Every (epoch, index) the sampler hands the data loader, in order, appended to ``log``."""
-    import infcl_ds.data.train as train
+    import infcl_ds.data.train_stream as train
 
     def recording(*args, **kwargs):
         for piece in original(*args, **kwargs):

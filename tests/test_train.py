@@ -131,7 +131,7 @@ def test_digits_run_evaluates_like_the_eval_command(tmp_path):
     import json
 
     from infcl_ds.data.digits import build_digits
-    from infcl_ds.eval.cli import main as eval_main
+    from infcl_ds.eval.evaluate_checkpoint import main as eval_main
     build_digits(tmp_path / "digits")
     run = tmp_path / "run"
     overrides = ["model.name=infcl-tiny-digits", "data.source=webdataset", f"data.train={tmp_path}/digits/train",

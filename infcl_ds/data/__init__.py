@@ -2,7 +2,7 @@
 and `build_eval_data` (a labelled split with zero-shot prompts for evaluation)."""
 from .batch import HostBatch
 from .errors import DataError
-from .eval import build_eval_data
-from .train import build_train_data
+from .eval_split import build_eval_data
+from .train_stream import build_train_data
 
 __all__ = ["build_train_data", "build_eval_data", "HostBatch", "DataError"]

@@ -24,7 +24,7 @@ from typing import List, Optional
 
 from ..shown import shown
 from .errors import DataError
-from .eval import find_zeroshot
+from .eval_split import find_zeroshot
 from .samples import MAX_IMAGE_BYTES, not_a_sample_file
 from .sources import (ROWS_NAMED, CsvColumns, bad_rows_message, csv_rows, csv_separator, require_columns, require_rows,
                       scan_utf8)

@@ -19,7 +19,7 @@ _OVERHEADS = read_json("calibration", "overheads.json")
 # (torch's own default, stated here because the planner counts them).
 WORKER_PREFETCH_FACTOR = 2
 # Local batches a rank holds: the one training and the next, assembled meanwhile by a thread
-# (train.py's _AssembledAhead), when the caller drops each before asking for the next.
+# (train_stream.py's _AssembledAhead), when the caller drops each before asking for the next.
 LOCAL_BATCHES_HELD = 2
 
 # Encoded host batches (data/encoded.py). A stored image's size when neither the recipe
@@ -100,7 +100,7 @@ def sample_host_bytes(data: DataSection, image_size: int, context_length: int, i
 
 def input_samples_held(data: DataSection, local: int) -> int:
     """Samples a rank holds on the host: the local batch training and the next, which a thread
-    assembles meanwhile (train.py; page-locked at exactly its size), and the pieces of
+    assembles meanwhile (train_stream.py; page-locked at exactly its size), and the pieces of
     data.worker_batch samples its data.workers have prefetched."""
     return LOCAL_BATCHES_HELD * local + data.workers * WORKER_PREFETCH_FACTOR * min(data.worker_batch, local)
 

@@ -2,7 +2,7 @@
 rows x panel columns, a loss's kernel turns each tile of similarities into its derivative G,
 and two dense GEMMs (fp32 accumulation) carry G to both features' gradients. This module
 sizes the tiles from memory, walks them and does the GEMMs; ops/block.py (CLIP) and
-ops/siglip.py supply the kernels that fill G.
+ops/siglip_sweep.py supply the kernels that fill G.
 """
 import contextlib
 import functools

@@ -25,7 +25,7 @@ from typing import List
 import torch
 
 from ..ops.block import block_backward, block_lse
-from ..ops.clip import positive_logits_sum
+from ..ops.positive_pairs import positive_logits_sum
 from ..ops.options import KernelOptions
 from .guards import refuse_double_backward
 from .ring import ring_blocks

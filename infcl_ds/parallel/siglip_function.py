@@ -5,7 +5,7 @@ Each rank keeps its image block; text blocks travel rank -> rank+1, and with eac
 fp32 partial text gradient, so that after W steps every block's gradient arrives home
 complete. The sigmoid loss has no row or column statistics, so unlike the CLIP ring
 (clip_function.py) one pass does everything: every step runs one block through the tile
-sweep (ops/siglip.py), adding to this rank's image gradient and to the visiting block's
+sweep (ops/siglip_sweep.py), adding to this rank's image gradient and to the visiting block's
 text gradient, and the loss and scale/bias partial sums (one all-reduce at the end). The
 gradients are therefore computed in the forward, whenever an input needs one, and the
 backward only multiplies them by the incoming gradient. The message order is
@@ -24,7 +24,7 @@ from typing import List
 import torch
 
 from ..ops.options import KernelOptions
-from ..ops.siglip import siglip_block
+from ..ops.siglip_sweep import siglip_block
 from .guards import refuse_double_backward
 from .ring import ring_blocks
 

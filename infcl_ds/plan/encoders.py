@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from ..resources import read_json
-from .errors import PlanError
+from .refusal import PlanError
 
 # Saved per token of one layer (module docstring): values of width h and m in the compute dtype,
 # and fp32 bytes: the LayerNorms' mean and rstd, per head the attention's log-sum-exp

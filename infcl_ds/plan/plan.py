@@ -17,7 +17,7 @@ from ..config.recipe import MAX_PROCESSES, DataSection, compile_supported
 from ..data.footprint import image_bytes_per_sample, kept_pixel_rows
 from . import memory as mem
 from .encoders import ModelEstimate, estimate_model
-from .errors import PlanError
+from .refusal import PlanError
 from .machine import CoreShare, split_cores
 from .timing import DEFAULT_NETWORK, NETWORKS, InputRate, KernelRates, StepTime, input_rate, step_time
 

@@ -40,7 +40,7 @@ from ..engine.step import engine_passes
 from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
 from .encoders import ModelEstimate
-from .errors import PlanError
+from .refusal import PlanError
 from .memory import DTYPE_BYTES
 
 

@@ -9,7 +9,7 @@ import torch
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
 from ..data.footprint import gpu_decode_share
-from ..plan.errors import PlanError
+from ..plan.refusal import PlanError
 from ..plan.machine import CoreShare, rank_cores
 from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_decode_workers, auto_keep_gib,
                          recipe_with, with_decode_workers)

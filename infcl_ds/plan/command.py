@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_number
 from ..config import RecipeError, load_recipe
-from .errors import PlanError
+from .refusal import PlanError
 from .machine import Node, read_node
 from .plan import ASSUMED_CORES_PER_GPU, DEFAULT_HOST_MEMORY, make_plan
 from .report import render_plan, render_scaling
