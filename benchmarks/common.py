@@ -101,6 +101,11 @@ def job_environment(accelerator: str) -> Dict[str, str]:
     return env
 
 
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Job:
     """A command (launch/train.sh) in its own process session (whose id is the command's pid),
     its output in a log: every process it starts can be found, measured and ended, and nothing else."""
@@ -112,8 +117,10 @@ class Job:
         nothing training on the GPUs."""
         self.command, self.log = command, log
         with log.open("w") as out:
+            # Default signal dispositions: a benchmark started from a shell with `&` inherits
+            # SIGINT ignored, and the job would then ignore the SIGINT a fault row sends it.
             self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_default_signals)
         if end_with_parent:
             # In a session of its own too: a time limit that ends this process's group spares it.
             subprocess.Popen([sys.executable, "-c", _GUARD, str(os.getpid()), str(self.proc.pid)],
