@@ -20,7 +20,7 @@ from infcl_ds.losses import contrastive_loss
 from .common import parse_sizes, run_identity, write_rows
 from .harness import (add_row, estimated_s, extrapolated, fwd_bwd, loss_row, random_inputs, require_passed,
                       run_row, self_check, time_ms)
-from .reference import clip_loss_reference, full_logits_loss
+from tests.reference import clip_loss_reference, full_logits_loss
 
 SCALE = 1 / 0.07
 FLOPS_PER_B2D = 8  # 2 B^2 D for the forward's statistics, 6 for the backward

@@ -19,7 +19,7 @@ from infcl_ds import contrastive_loss
 from .clip import FLOPS_PER_B2D, make_inputs
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row
-from .reference import clip_loss_reference
+from tests.reference import clip_loss_reference
 
 
 def _loss_fn(impl, rank, world):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import is_oom, write_rows
-from .reference import rel_err
+from tests.reference import rel_err
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GRAD_NAMES = ("image", "text", "scale", "bias")

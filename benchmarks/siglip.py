@@ -20,7 +20,7 @@ import torch
 
 from .common import parse_sizes, run_identity, write_rows
 from .harness import DTYPES, add_row, loss_row, random_inputs, require_passed, run_row, self_check
-from .reference import siglip_loss_reference
+from tests.reference import siglip_loss_reference
 
 SCALE, BIAS = 10.0, -10.0
 FLOPS_PER_B2D = 6  # one logits product and two gradient products

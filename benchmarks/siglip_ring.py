@@ -12,7 +12,7 @@ import torch
 
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, require_passed, ring_check, run_row
-from .reference import siglip_loss_reference
+from tests.reference import siglip_loss_reference
 from .siglip import IMPLS, infcl_ds_loss, make_inputs, siglip_row
 
 

@@ -1,5 +1,5 @@
 """Random features for the tests, on the test device (the float64 references they are checked
-against are benchmarks/reference.py's, shared with the benchmarks' self-checks)."""
+against are tests/reference.py's, shared with the benchmarks' self-checks)."""
 import torch
 import torch.nn.functional as F
 

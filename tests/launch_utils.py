@@ -15,6 +15,18 @@ SYNTHETIC = ["model.name=infcl-tiny", "data.source=synthetic", "data.synthetic_s
              "logging.progress=false", "logging.tensorboard=false", "eval.every=0"]
 
 
+# A two-step ZeRO-2 run on one rank, a checkpoint after each step: model states, optimizer
+# states and client state files, two tags.
+RUN_SETTINGS = ["zero.stage=2", "precision.dtype=fp32", "schedule.steps=2", "checkpoint.every=1",
+                "checkpoint.keep=3"]
+
+
+def run_recipe(run_dir, extra=()):
+    """The tiny recipe on synthetic data, RUN_SETTINGS, writing to ``run_dir``, with ``extra`` overrides."""
+    from infcl_ds.config import load_recipe
+    return load_recipe(TINY, SYNTHETIC + RUN_SETTINGS + [f"output_dir={run_dir}"] + list(extra))
+
+
 def start_ranks(world: int, overrides: List[str], extra: List[str] = (), log_dir: Path = None,
                 accelerator: str = "cpu") -> List[subprocess.Popen]:
     port = free_port()

@@ -1,5 +1,5 @@
 """A plain torch.distributed program in the style of OpenCLIP's trainer (open_clip_train), run
-by tests/test_clip_loss.py once per rank: ``python openclip_program.py RANK WORLD PORT OUT``.
+by tests/losses/test_clip_loss.py once per rank: ``python openclip_program.py RANK WORLD PORT OUT``.
 
 It builds an open_clip model whose config has ``init_logit_bias`` (so the model returns a
 ``logit_bias`` that the trainer passes to the loss), wraps it in DDP and takes two SGD steps

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks import harness, loss
-from benchmarks.reference import clip_loss_reference, siglip_loss_reference
+from reference import clip_loss_reference, siglip_loss_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"impl", "B", "D", "dtype", "world", "ms", "peak_mib", "tflops_eff", "flops_per_B2D", "status", "device",

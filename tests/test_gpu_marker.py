@@ -9,12 +9,14 @@ from pathlib import Path
 TESTS = Path(__file__).parent
 LAYERS = ("infcl_ds.ops", "infcl_ds.parallel", "infcl_ds.losses", "infcl_ds.engine")
 
-CPU_ONLY = {
-    "test_encoded.py": "the encoded data path through the engine on gloo ranks; the engine on CUDA is "
-                       "test_engine*.py's",
-    "test_export.py": "trains one step for a checkpoint to export; the engine on CUDA is test_engine*.py's",
-    "test_plan.py": "the planner's arithmetic: it reads the engine's and towers' facts and runs no kernel",
-    "test_validation.py": "the losses' input checks on CPU tensors: they raise before any kernel runs",
+CPU_ONLY = {  # paths under tests/
+    "data/test_encoded.py": "the encoded data path through the engine on gloo ranks; the engine on CUDA is "
+                            "engine/test_engine*.py's",
+    "eval/test_export.py": "trains one step for a checkpoint to export; the engine on CUDA is engine/test_engine*.py's",
+    "plan/test_plan_memory.py": "the planner's arithmetic: it reads the towers' facts and runs no kernel",
+    "plan/test_plan_timing.py": "the planner's arithmetic: it reads the engine's passes and runs no kernel",
+    "losses/test_validation.py": "the losses' input checks on CPU tensors: they raise before any kernel runs",
+    "losses/test_loss_edges.py": "the loss API's argument checks on CPU tensors: they raise before any kernel runs",
 }
 
 
@@ -49,7 +51,8 @@ def missing_the_gpu_run(sources: dict) -> list:
 
 
 def read_test_files() -> dict:
-    return {path.name: path.read_text() for path in sorted(TESTS.glob("test_*.py"))}
+    """Every test file under tests/, by its path there (ops/test_ops.py)."""
+    return {path.relative_to(TESTS).as_posix(): path.read_text() for path in sorted(TESTS.rglob("test_*.py"))}
 
 
 def test_every_kernel_ring_loss_and_engine_test_file_runs_under_gpu():
@@ -77,7 +80,7 @@ def test_a_new_kernel_test_without_the_marker_is_caught():
         "test_marked.py": "import pytest\n" + kernel + "\npytestmark = pytest.mark.gpu\n",
         "test_one_marked.py": "import pytest\n" + kernel.replace("def test_it", "@pytest.mark.gpu\ndef test_it"),
         "test_data_only.py": "from infcl_ds.data.batch import HostBatch\nfrom infcl_ds import __version__\n",
-        "test_validation.py": kernel,  # listed in CPU_ONLY
+        "losses/test_validation.py": kernel,  # listed in CPU_ONLY
     }
     assert missing_the_gpu_run(sources) == ["test_module_import.py", "test_new_kernel.py", "test_top_level_name.py"]
 

@@ -14,7 +14,7 @@ feature gradients 1e-2 (G and the gradients are stored in bf16: ~2^-9 per elemen
 import pytest
 import torch
 
-from benchmarks.reference import rel_err, siglip_loss_reference
+from reference import rel_err, siglip_loss_reference
 from devices import DEVICE, EXACT
 from dist_utils import run_ranks
 from features import random_features

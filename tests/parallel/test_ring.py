@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from benchmarks.reference import clip_loss_reference, rel_err
+from reference import clip_loss_reference, rel_err
 from devices import DEVICE, EXACT, GPU, cpu_only
 from dist_utils import run_ranks
 from features import random_features

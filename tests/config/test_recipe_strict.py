@@ -16,7 +16,7 @@ from infcl_ds.config.recipe import MAX_GIB, MAX_IMAGE_BYTES, MAX_PROCESSES, MAX_
 from infcl_ds.data.samples import MAX_IMAGE_BYTES as DATA_MAX_IMAGE_BYTES
 from infcl_ds.plan.command import main as plan_main
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "ds_configs" / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "ds_configs" / "recipes").glob("*.yaml"))
 
 # A YAML boolean where a number belongs (yes/on/true are booleans in YAML 1.1).
 BOOLEANS = [

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.reference import full_logits_loss
+from reference import full_logits_loss
 from devices import exact_loss
 from dist_utils import run_ranks
 

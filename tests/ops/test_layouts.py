@@ -1,7 +1,7 @@
 """Every feature layout, on every path: contrastive_loss and sigmoid_loss of views that are
 transposed, row-strided, column-strided, offset into a bigger storage, expanded (along the
 batch or along the width) or overlapping (torch.as_strided, row stride < D), against the
-float64 reference (benchmarks/reference.py's full-logits losses) of the same view of the same
+float64 reference (tests/reference.py's full-logits losses) of the same view of the same
 values. The loss is taken on a view of a leaf, so every gradient is checked where it lands:
 the leaf's .grad, through the view's own backward (summed over expanded or overlapping
 elements), beside the logit-scale gradient and SigLIP's bias gradient. One device with the
@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.reference import full_logits_loss, full_logits_sigmoid_loss, rel_err
+from reference import full_logits_loss, full_logits_sigmoid_loss, rel_err
 from devices import DEVICE, EXACT
 from dist_utils import run_ranks
 

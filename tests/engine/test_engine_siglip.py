@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.reference import full_logits_sigmoid_loss
+from reference import full_logits_sigmoid_loss
 from devices import exact_loss
 from dist_utils import run_ranks
 from test_engine import Tiny
@@ -116,7 +116,7 @@ def test_loss_and_model_must_agree():
 def test_recipe_key_model_loss():
     from infcl_ds.config import RecipeError, load_recipe
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "ds_configs" / "recipes" / "tiny-cpu-siglip.yaml"
+    path = Path(__file__).resolve().parents[2] / "ds_configs" / "recipes" / "tiny-cpu-siglip.yaml"
     assert load_recipe(path).model.loss == "siglip"
     assert load_recipe(overrides=[]).model.loss == "clip"
     with pytest.raises(RecipeError, match="model.loss must be one of"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from infcl_ds import ContrastiveLoss, contrastive_loss
-from benchmarks.reference import clip_loss_reference, rel_err
+from reference import clip_loss_reference, rel_err
 from devices import EXACT
 from features import random_features
 

@@ -6,7 +6,7 @@ from infcl_ds.ops import block_lse
 from infcl_ds.ops import g_tiles
 from infcl_ds.ops.block import block_backward
 from infcl_ds.ops.g_tiles import panel_width
-from benchmarks.reference import rel_err
+from reference import rel_err
 from devices import EXACT
 from features import random_features
 

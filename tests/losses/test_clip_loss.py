@@ -181,7 +181,7 @@ def test_warns_once_on_rank_0_when_flags_differ():
     assert _flag_warnings(1, 2) == []
 
 
-PROGRAM = Path(__file__).with_name("openclip_program.py")
+PROGRAM = Path(__file__).resolve().parents[1] / "openclip_program.py"
 
 
 def test_inside_an_open_clip_style_program(tmp_path):

@@ -1,0 +1,174 @@
+"""The planner's step time (infcl_ds/plan/timing.py, calibrate.py): the calibration against
+docs/benchmarks/train.json, the engine's phases and passes, float8 towers, the decoding rate,
+the ring's scaling table, and the kernel rates read from a benchmark file."""
+import json
+from pathlib import Path
+
+import pytest
+
+from infcl_ds.config import load_recipe
+from infcl_ds.plan import KernelRates, make_plan, ring_scaling_table
+from infcl_ds.plan import memory as mem
+from infcl_ds.plan.command import main
+from infcl_ds.plan import calibrate
+from infcl_ds.plan.encoders import ACTIVATION_CALIBRATION, estimate_model
+from infcl_ds.plan.timing import COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
+
+GIB = 1 << 30
+RECIPES = Path(__file__).resolve().parents[2] / "ds_configs" / "recipes"
+
+
+@pytest.fixture(scope="module")
+def rates():
+    return KernelRates.load()
+
+
+def test_constants_are_the_fit_of_the_64k_row_and_predict_the_others(rates):
+    """ACTIVATION_CALIBRATION and MEASURED_ENCODER_RATES are what docs/benchmarks/train.json's
+    B = 65,536 row gives; the 256k and 1M rows, not fitted, are predicted within 0.1% (peak)
+    and 1% (step)."""
+    rows, meta = calibrate.measured_rows()
+    by_batch = {row["B"]: row for row in rows}
+    fitted = calibrate.fit(by_batch[65536], meta, rates)
+    assert ACTIVATION_CALIBRATION[("ViT-B-16", False)] == pytest.approx(fitted["factor"], abs=5e-5)
+    measured = MEASURED_ENCODER_RATES["ViT-B-16"]
+    assert (measured.forward, measured.forward_backward) == (fitted["encode_s_per_sample"],
+                                                             fitted["reencode_s_per_sample"])
+    # ViT-B-16's effective rate is the default for other models.
+    flops = estimate_model("ViT-B-16").forward_flops()
+    assert DEFAULT_ENCODER_TFLOPS * 1e12 == pytest.approx(4 * flops / (measured.forward + measured.forward_backward),
+                                                          rel=5e-3)
+    for batch in (262144, 1048576):
+        check = calibrate.check(by_batch[batch], meta, rates)
+        assert check["pred_peak_mib"] == pytest.approx(check["peak_mib"], rel=1e-3)
+        assert check["pred_step_s"] == pytest.approx(check["step_s"], rel=0.01)
+    assert calibrate.main([]) == 0
+
+
+def test_float8_towers_are_planned_at_their_measured_phase_factors(rates):
+    """model.float8: the compiled bf16 towers' phases times the float8/bf16 factors measured on
+    ViT-L-14 (calibration/overheads.json), the source saying so."""
+    from infcl_ds.plan.timing import FLOAT8_PHASE_FACTORS
+    bf16, float8 = (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "model.compile=true",
+                                                 f"model.float8={v}"]), 1, 141 * GIB, rates=rates).time
+                    for v in ("false", "true"))
+    assert float8.encode == pytest.approx(bf16.encode * FLOAT8_PHASE_FACTORS[0])
+    assert float8.reencode == pytest.approx(bf16.reencode * FLOAT8_PHASE_FACTORS[1])
+    assert float8.encoders > bf16.encoders and "model.float8" in float8.encoder_source
+    assert float8.encoder_rate == pytest.approx(bf16.encoder_rate * bf16.encoders / float8.encoders)
+
+
+def test_step_time_follows_the_engine_phases(rates, monkeypatch):
+    """encode = one no-grad forward, re-encode = forward + backward (+ a forward recomputed with
+    checkpointing): measured per-sample times for ViT-B-16, FLOPs at a rate otherwise."""
+    measured = MEASURED_ENCODER_RATES["ViT-B-16"]
+    recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", "batch.chunk=256", "model.compile=false"])
+    t = make_plan(recipe, 2, 141 * GIB, rates=rates).time
+    assert t.encoder_measured
+    assert (t.encode, t.reencode) == (32768 * measured.forward, 32768 * measured.forward_backward)
+    assert t.total == t.encode + t.reencode + t.loss
+    # Compiled towers (model.compile: auto plans for GPUs, true): their own measured rate, which
+    # is faster; a model whose compiled towers were not measured keeps its eager rate.
+    compiled = COMPILED_ENCODER_RATES["ViT-B-16"]
+    assert compiled.forward + compiled.forward_backward < measured.forward + measured.forward_backward
+    for value in ("auto", "true"):
+        t = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", f"model.compile={value}"]), 2,
+                      141 * GIB, rates=rates).time
+        assert (t.encode, t.reencode) == (32768 * compiled.forward, 32768 * compiled.forward_backward)
+    def l14_times():
+        return (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", f"model.compile={v}"]),
+                          1, 141 * GIB, rates=rates).time for v in ("false", "true"))
+    eager_l14, compiled_l14 = l14_times()
+    assert compiled_l14.encode == 16384 * COMPILED_ENCODER_RATES["ViT-L-14"].forward < eager_l14.encode
+    monkeypatch.delitem(COMPILED_ENCODER_RATES, "ViT-L-14")  # as for a model measured eager only
+    eager_l14, compiled_l14 = l14_times()
+    assert compiled_l14.encoders == eager_l14.encoders and "not measured" in compiled_l14.encoder_source
+    ckpt = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", "batch.chunk=256",
+                                        "model.grad_checkpointing=true", "model.compile=false"]), 2, 141 * GIB,
+                     rates=rates).time
+    assert ckpt.reencode == pytest.approx(32768 * (measured.forward_backward + measured.forward))
+    # Not measured (ViT-H-14), or a rate given: 1 and 3 forwards' FLOPs at that rate.
+    flops = estimate_model("ViT-H-14").forward_flops()
+    large = load_recipe(None, ["model.name=ViT-H-14", "batch.global=65536", "batch.chunk=128"])
+    t = make_plan(large, 2, 141 * GIB, rates=rates).time
+    assert not t.encoder_measured
+    assert t.encode == pytest.approx(flops * 32768 / (DEFAULT_ENCODER_TFLOPS * 1e12))
+    assert t.reencode == pytest.approx(3 * t.encode)
+    t = make_plan(recipe, 2, 141 * GIB, rates=rates, encoder_tflops=100.0).time
+    assert not t.encoder_measured
+    assert t.encoders == pytest.approx(4 * estimate_model("ViT-B-16").forward_flops() * 32768 / 100e12)
+    # ZeRO-3: the encoder phases take ZERO3_ENCODER_SLOWDOWN times as long with large chunks, and
+    # at least ZERO3_CHUNK_FLOOR_S per chunk pass with small ones (its host-side hooks; measured).
+    from infcl_ds.plan.timing import ZERO3_CHUNK_FLOOR_S, ZERO3_ENCODER_SLOWDOWN
+    zero3 = ["model.name=ViT-B-16", "batch.global=65536", "zero.stage=3", "model.compile=false"]
+    z3 = make_plan(load_recipe(None, zero3 + ["batch.chunk=2048"]), 2, 141 * GIB, rates=rates).time
+    assert z3.encode == pytest.approx(32768 * measured.forward * ZERO3_ENCODER_SLOWDOWN)
+    z3 = make_plan(load_recipe(None, zero3 + ["batch.chunk=128"]), 2, 141 * GIB, rates=rates).time
+    assert z3.encode == pytest.approx(256 * ZERO3_CHUNK_FLOOR_S[0])
+    assert z3.reencode == pytest.approx(256 * ZERO3_CHUNK_FLOOR_S[1])
+
+
+def test_scaling_table(rates, capsys):
+    rows = ring_scaling_table((12 << 20,), 768, (8, 32, 1024), rates=rates)
+    by_ranks = {row.ranks: row for row in rows}
+    assert list(by_ranks[8].hops) == ["NVLink"] and by_ranks[8].hops["NVLink"].hidden
+    assert by_ranks[32].hops["200 Gb/s"].hidden and by_ranks[32].hops["400 Gb/s"].hidden
+    assert not by_ranks[1024].hops["200 Gb/s"].hidden
+    # Fixed global batch: the loss time falls as ranks grow.
+    assert by_ranks[8].loss_time("NVLink") > by_ranks[32].loss_time("400 Gb/s") > by_ranks[1024].loss_time("400 Gb/s")
+    assert main(["--scaling", "--batch", "4M,12M"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("\n| 12M |") == 8 and "transfers hide from b =" in table
+
+
+def test_decoding_rate_binds_the_step(rates, capsys):
+    """2 x local batch / step decodes per second per rank; too few decode processes make the
+    planned step the decoding time, and the report says how many would do."""
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2", "data.keep_decoded_gib=0"])
+    plan = make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates)
+    rate = plan.inputs
+    assert rate.needed == pytest.approx(2 * 524_288 / plan.time.total) and rate.binds
+    assert plan.step_seconds == pytest.approx(plan.time.total * rate.needed / rate.available)
+    assert main(["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--gpus", "1", "--gpu-memory", "139GiB",
+                 "--host-memory", "128GiB", "--set", "data.decode_workers=2", "--set", "data.keep_decoded_gib=0"]) == 0
+    out = capsys.readouterr().out
+    assert f"set data.decode_workers={rate.workers_needed()}" in out
+    # Chunks kept decoded on the GPU between the passes are decoded once: the recipe keeps all.
+    kept = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml"), 1, 139 * GIB, 1, 128 * GIB, rates=rates)
+    assert kept.inputs.needed == pytest.approx(524_288 / kept.time.total)
+    assert kept.gpu.components[mem.PIXELS_KEPT] == 524_288 * 3 * 224 ** 2 and kept.fits
+    # Decoded host batches of 524,288 need more than the 128 GiB host: refused.
+    decoded = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.host_batch=decoded"]), 1, 139 * GIB, 1,
+                        128 * GIB, rates=rates)
+    assert not decoded.fits and decoded.verdict.startswith("does not fit: host memory per node needs")
+
+
+def test_decodes_follow_the_engines_passes():
+    """Two passes decode every row twice (less the kept ones); a local batch of one chunk is
+    encoded once (engine.step.engine_passes), and decoded once, unless ZeRO-3 forces two."""
+    from infcl_ds.config import load_recipe
+    from infcl_ds.engine.step import engine_passes
+    from infcl_ds.plan.timing import input_rate
+    base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024",
+            "data.decode_workers=14"]  # a number, as make_plan hands it on
+    chunked = load_recipe(None, [*base, "batch.chunk=256"])
+    assert input_rate(chunked, 1024, 1.0, kept_rows=512).needed == 2 * 1024 - 512
+    one = load_recipe(None, [*base, "batch.chunk=1024"])
+    assert engine_passes(1, 2) == 1 and input_rate(one, 1024, 1.0).needed == 1024
+    zero3 = load_recipe(None, [*base, "batch.chunk=1024", "zero.stage=3", "model.compile=false"])
+    assert engine_passes(1, 3) == 2 and input_rate(zero3, 1024, 1.0).needed == 2 * 1024
+
+
+def test_rates_come_from_the_clip_loss_rows_of_a_benchmark_file(tmp_path):
+    """--rates FILE: the CLIP loss's rows (8 B^2 D; files from before rows said so count as
+    such); a sigmoid loss file (6 B^2 D) is refused rather than read at the wrong work."""
+    from infcl_ds.plan.refusal import PlanError
+    row = {"impl": "infcl_ds", "status": "measured", "dtype": "bf16", "D": 768, "B": 65536, "tflops_eff": 400.0}
+    for flops in (8, None):
+        path = tmp_path / f"clip-{flops}.json"
+        path.write_text(json.dumps({"meta": {}, "rows": [dict(row, flops_per_B2D=flops) if flops else row]}))
+        assert KernelRates.load(path).rows == (("bf16", 768, 65536, 400e12),)
+    path = tmp_path / "siglip.json"
+    path.write_text(json.dumps({"meta": {}, "rows": [dict(row, flops_per_B2D=6)]}))
+    with pytest.raises(PlanError, match="no measured infcl_ds rows of the CLIP loss"):
+        KernelRates.load(path)
