@@ -4,7 +4,7 @@ torchvision`, in the decode processes); then open_clip's crop and resize with to
 
 The crop is drawn exactly as the PIL path (data/decode_pieces.py) draws it, from the same per-slot
 seed (CropGeometry); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling,
-torch's bicubic resize; how close: tests/test_encoded.py, docs/training.md). Images that are not
+torch's bicubic resize; how close: tests/data/test_encoded.py, docs/training.md). Images that are not
 JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image
 neither can decode is replaced as in data/decode_pieces.py.
 

@@ -18,7 +18,7 @@ from the crop's height (width) to out_h (out_w), stretched by the scale when shr
 are computed in float64 as torch computes them, the sums in float32 over the taps alone (no
 padding), then rounded half to even and clamped: an image's pixels depend on its own box only,
 never on the images beside it in the piece. Against torch's resize of the same crop: within one
-level, rounding only (tests/test_resize.py).
+level, rounding only (tests/ops/test_resize.py).
 
 A program computes BLOCK_Y output rows of one channel of one image; its loops run over the
 image's own tap counts (a few for a photo shrunk to 224 px; more for a large one).

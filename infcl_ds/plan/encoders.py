@@ -20,7 +20,7 @@ and the projection's matmul saves it); the text tower ln_final's input; the chun
 in the compute dtype (the patch embedding's input). This is Korthikanti et al.'s 34 s h
 bytes per layer without the dropout masks and the a s^2 scores term (their eq. 2 assumes
 unfused attention). The counts are checked against autograd's saved tensors on the CPU
-(tests/test_plan.py); ACTIVATION_CALIBRATION scales them to a GPU measurement (the
+(tests/plan/test_plan_memory.py); ACTIVATION_CALIBRATION scales them to a GPU measurement (the
 backward's transient buffers, allocator rounding).
 """
 from dataclasses import dataclass
