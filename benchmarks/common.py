@@ -12,6 +12,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from infcl_ds.parallel.comm import without_cpu_shared_memory_op
+
 
 def run_identity() -> Dict[str, str]:
     """Device, versions and commit, stamped on every row of a run."""
@@ -72,6 +74,8 @@ def join_ranks(rank: int, world: int, port: int):
     if cuda:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if not cuda:
+        without_cpu_shared_memory_op()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, verbose=False)
 
     def group_max(x):

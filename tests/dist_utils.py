@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_map
 
 from devices import DIST_BACKEND, GPU, setup_rank
 from benchmarks.common import free_port
+from infcl_ds.parallel.comm import without_cpu_shared_memory_op
 
 
 def _entry(fn, rank, world, port, args, queue, timeout_s):
@@ -25,6 +26,8 @@ def _entry(fn, rank, world, port, args, queue, timeout_s):
     try:
         setup_rank(rank)
         import deepspeed
+        if not GPU:
+            without_cpu_shared_memory_op()
         deepspeed.init_distributed(dist_backend=DIST_BACKEND, auto_mpi_discovery=False, verbose=False,
                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                    timeout=timedelta(seconds=timeout_s))

@@ -21,3 +21,18 @@ def comm_library():
     if deepspeed_comm is not None and deepspeed_comm.is_initialized():
         return deepspeed_comm
     return torch_dist
+
+
+# DeepSpeed's name for its CPU shared-memory all-reduce op (op_builder/cpu/comm.py).
+_SHM_OP = "deepspeed_shm_comm"
+
+
+def without_cpu_shared_memory_op() -> None:
+    """Call before ``deepspeed.init_distributed`` on CPU ranks: DeepSpeed is told its CPU
+    shared-memory op is unavailable, so gloo carries every collective. DeepSpeed (0.19.8) would
+    otherwise JIT-compile that op at a first start (minutes on a 2-core machine) for its
+    inference all-reduce, which training never calls, and, under its launcher, create two
+    66 MB buffers per rank in /dev/shm that nothing unlinks (its `shared_close` is never
+    called): each local CPU job leaves them in memory until the machine runs out."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__[_SHM_OP] = False

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ..config.recipe import MAX_TIMEOUT_MIN
+from ..parallel.comm import without_cpu_shared_memory_op
 from ..shown import shown
 from .preflight import StartupError
 
@@ -131,6 +132,8 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     timeout = timedelta(seconds=timeout_s or collective_timeout_s())
     join = max(timeout, timedelta(minutes=JOIN_TIMEOUT_MIN))
     try:
+        if not cuda:
+            without_cpu_shared_memory_op()
         if not cuda and not torch.distributed.is_initialized():
             _join_gloo(timeout, join)  # deepspeed.comm then drives this group
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False,
