@@ -78,3 +78,15 @@ def run_ranks(fn, world, *args, timeout_s=60, wait_s=240, allow_errors=False):
     if errors and not allow_errors:
         raise AssertionError("\n".join(f"--- rank {r} ---\n{tb}" for r, tb in errors.items()))
     return results
+
+
+
+def on_ring(rank, group_ranks, run_case, cases):
+    """``run_case(case, group, position)`` for each case on a ring over ``group_ranks`` (all
+    ranks if None); [] on a rank outside the group. Every rank calls it: new_group is collective."""
+    import torch.distributed as torch_dist
+    group = torch_dist.new_group(group_ranks) if group_ranks else None
+    if group_ranks and rank not in group_ranks:
+        return []
+    position = group_ranks.index(rank) if group_ranks else rank
+    return [run_case(case, group, position) for case in cases]

@@ -43,3 +43,17 @@ def rel_err(x, ref) -> float:
     """Norm-wise relative error (against 1e-12 where the reference is numerically zero)."""
     x, ref = x.detach().cpu().double().reshape(-1), ref.detach().cpu().double().reshape(-1)
     return ((x - ref).norm() / max(ref.norm().item(), 1e-12)).item()
+
+
+def reference_steps(model, loss_of, opt_cls, lr, steps):
+    """The parameters after ``steps`` plain steps of ``opt_cls`` on ``loss_of(model)``, the
+    logit scale clamped at log(100) after each as the engine and open_clip do."""
+    import math
+    opt = opt_cls(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_of(model).backward()
+        opt.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(max=math.log(100.0))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}

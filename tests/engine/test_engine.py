@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from reference import full_logits_loss
+from reference import full_logits_loss, reference_steps
 from devices import exact_loss
 from dist_utils import run_ranks
 
@@ -102,15 +102,7 @@ def reference_run():
         return full_logits_loss(fi, ft, model.logit_scale.exp())
 
     def train(opt_cls, lr):
-        model = Tiny()
-        opt = opt_cls(model.parameters(), lr=lr)
-        for _ in range(3):
-            opt.zero_grad()
-            loss_of(model).backward()
-            opt.step()
-            with torch.no_grad():
-                model.logit_scale.clamp_(max=math.log(100.0))
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
+        return reference_steps(Tiny(), loss_of, opt_cls, lr, 3)
 
     model = Tiny()
     loss = loss_of(model)

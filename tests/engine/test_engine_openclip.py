@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from reference import full_logits_loss
+from reference import full_logits_loss, reference_steps
 from devices import exact_loss
 from dist_utils import run_ranks
 
@@ -81,15 +81,7 @@ def reference_run():
     loss = loss_of(model)
     loss.backward()
     out = {"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for _ in range(2):
-        opt.zero_grad()
-        loss_of(model).backward()
-        opt.step()
-        with torch.no_grad():
-            model.logit_scale.clamp_(max=math.log(100.0))
-    out["sgd"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out["sgd"] = reference_steps(_model(), loss_of, torch.optim.SGD, LR, 2)
     return out
 
 

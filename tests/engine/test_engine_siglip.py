@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference import full_logits_sigmoid_loss
+from reference import full_logits_sigmoid_loss, reference_steps
 from devices import exact_loss
 from dist_utils import run_ranks
 from test_engine import Tiny
@@ -77,15 +77,7 @@ def reference_run():
     loss = loss_of(model)
     loss.backward()
     out = {"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
-    model = TinySigLip()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for _ in range(3):
-        opt.zero_grad()
-        loss_of(model).backward()
-        opt.step()
-        with torch.no_grad():
-            model.logit_scale.clamp_(max=math.log(100.0))
-    out["sgd"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out["sgd"] = reference_steps(TinySigLip(), loss_of, torch.optim.SGD, 0.5, 3)
     return out
 
 

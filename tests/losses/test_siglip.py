@@ -16,7 +16,7 @@ import torch
 
 from reference import rel_err, siglip_loss_reference
 from devices import DEVICE, EXACT
-from dist_utils import run_ranks
+from dist_utils import on_ring, run_ranks
 from features import random_features
 
 pytestmark = pytest.mark.gpu
@@ -172,24 +172,20 @@ RING_TOL = {torch.float32: (1e-6, 1e-5, 1e-4, 1e-5), torch.bfloat16: (1e-5, 1e-2
 
 
 def _ring_cases(rank, world, cases, group_ranks=None):
-    import torch.distributed as torch_dist
+    return on_ring(rank, group_ranks, _ring_case, cases)
 
+
+def _ring_case(case, group, pos):
     from infcl_ds import sigmoid_loss
-    group = torch_dist.new_group(group_ranks) if group_ranks else None
-    if group_ranks and rank not in group_ranks:
-        return []
-    pos = group_ranks.index(rank) if group_ranks else rank
-    out = []
-    for sizes, D, dtype, s, b, backend, seed, tiles in cases:
-        total = sum(sizes)
-        lo = sum(sizes[:pos])
-        image = random_features(total, D, dtype, seed)[lo:lo + sizes[pos]].clone().requires_grad_()
-        text = random_features(total, D, dtype, seed + 1)[lo:lo + sizes[pos]].clone().requires_grad_()
-        scale, bias = scalar(s, requires_grad=True), scalar(b, requires_grad=True)
-        loss = sigmoid_loss(image, text, scale, bias, group=group, backend=backend, **EXACT, **(tiles or {}))
-        loss.backward()
-        out.append((loss.item(), image.grad, text.grad, scale.grad, bias.grad))
-    return out
+    sizes, D, dtype, s, b, backend, seed, tiles = case
+    total = sum(sizes)
+    lo = sum(sizes[:pos])
+    image = random_features(total, D, dtype, seed)[lo:lo + sizes[pos]].clone().requires_grad_()
+    text = random_features(total, D, dtype, seed + 1)[lo:lo + sizes[pos]].clone().requires_grad_()
+    scale, bias = scalar(s, requires_grad=True), scalar(b, requires_grad=True)
+    loss = sigmoid_loss(image, text, scale, bias, group=group, backend=backend, **EXACT, **(tiles or {}))
+    loss.backward()
+    return loss.item(), image.grad, text.grad, scale.grad, bias.grad
 
 
 def _check_ring(results, cases, order):

@@ -11,7 +11,7 @@ import torch
 
 from reference import clip_loss_reference, rel_err
 from devices import DEVICE, EXACT, GPU, cpu_only
-from dist_utils import run_ranks
+from dist_utils import on_ring, run_ranks
 from features import random_features
 
 pytestmark = pytest.mark.gpu
@@ -25,24 +25,20 @@ def global_batch(sizes, D, dtype, seed):
 
 
 def _ring_cases(rank, world, cases, group_ranks=None):
-    import torch.distributed as torch_dist
+    return on_ring(rank, group_ranks, _ring_case, cases)
 
+
+def _ring_case(case, group, pos):
     from infcl_ds import contrastive_loss
-    group = torch_dist.new_group(group_ranks) if group_ranks else None
-    if group_ranks and rank not in group_ranks:
-        return []
-    pos = group_ranks.index(rank) if group_ranks else rank
-    out = []
-    for sizes, D, dtype, s, backend, seed, tiles in cases:
-        image, text = global_batch(sizes, D, dtype, seed)
-        lo = sum(sizes[:pos])
-        image = image[lo:lo + sizes[pos]].clone().requires_grad_()
-        text = text[lo:lo + sizes[pos]].clone().requires_grad_()
-        scale = torch.tensor(s, requires_grad=True, device=image.device)
-        loss = contrastive_loss(image, text, scale, group=group, backend=backend, **EXACT, **(tiles or {}))
-        loss.backward()
-        out.append((loss.item(), image.grad, text.grad, scale.grad))
-    return out
+    sizes, D, dtype, s, backend, seed, tiles = case
+    image, text = global_batch(sizes, D, dtype, seed)
+    lo = sum(sizes[:pos])
+    image = image[lo:lo + sizes[pos]].clone().requires_grad_()
+    text = text[lo:lo + sizes[pos]].clone().requires_grad_()
+    scale = torch.tensor(s, requires_grad=True, device=image.device)
+    loss = contrastive_loss(image, text, scale, group=group, backend=backend, **EXACT, **(tiles or {}))
+    loss.backward()
+    return loss.item(), image.grad, text.grad, scale.grad
 
 
 def check_against_reference(results, cases, order):
