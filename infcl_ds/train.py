@@ -46,7 +46,7 @@ def parse_args(argv: Optional[List[str]]):
 
 def use_expandable_segments() -> None:
     """torch's caching allocator with expandable segments, unless the user configured it:
-    measured on an H200 it keeps 1-5 GiB less in reserve beside the same allocated peak
+    it keeps less in reserve beside the same allocated peak
     (fragmentation between chunks of different sizes; docs/planner.md), which the planner's
     runtime reserve assumes. Read when CUDA first allocates, so before any device work."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

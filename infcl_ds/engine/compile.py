@@ -1,8 +1,8 @@
 """Compiled encoders (recipe key `model.compile`): `torch.compile` of the towers, in place.
 
 Eager open_clip towers run their norms, GELUs, bias and residual adds one kernel at a time;
-compilation fuses them (OpenCLIP's own trainer gains 1.34x on ViT-B-16 on one H200 with `--torchcompile`,
-docs/benchmarks.md). Each tower is compiled with `nn.Module.compile`, which keeps the module and
+compilation fuses them, as OpenCLIP's own trainer does with `--torchcompile` (docs/benchmarks.md
+has both trainers' compiled steps). Each tower is compiled with `nn.Module.compile`, which keeps the module and
 its parameters (the state dict's keys, DeepSpeed's hooks and checkpoints are unchanged), with
 static shapes: the engine's chunks all have one size, so a step compiles each tower once per
 pass kind (no grad, with grad) and once more for a remainder chunk, never after the first step.

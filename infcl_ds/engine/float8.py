@@ -1,7 +1,7 @@
 """Float8 linear layers in the towers (recipe key `model.float8`), with torchao's float8
 training: opt-in, not the bf16 towers' numerics.
 
-Why: the towers' GEMMs are 60% of a compiled ViT-L-14 step on an H200 (docs/benchmarks.md), and
+Why: the towers' GEMMs are most of a compiled step (docs/benchmarks.md, "The towers"), and
 Hopper's float8 tensor cores run twice bf16's rate. OpenCLIP's authors trained CLIP ViTs with
 int8/float8 linear layers (SwitchBack, "Stable and low-precision training for large-scale
 vision-language models"); torchao's float8 training is the maintained implementation of that

@@ -16,7 +16,7 @@ leaf, the attention module gathers all its parameters, out_proj's included, toge
 its own hook.
 
 cuBLAS runs Hopper's GEMMs only on 16-byte aligned operands; a weight 2 bytes off falls back to
-sm75 kernels, 7.6x slower (one H200, 50,432 x 768 x 3,072 bf16). DeepSpeed packs bf16
+sm75 kernels, several times slower (CHANGELOG.md, 2026-11-25, has the cost). DeepSpeed packs bf16
 parameters back to back: ZeRO-1/2 one flat buffer per optimizer group, ZeRO-3 one buffer for all
 groups, which on one rank are also the gathered parameters. One odd-sized tensor early (open_clip's
 [1] logit scale, in the no-decay group that ``clip_param_groups`` lists first) would put every

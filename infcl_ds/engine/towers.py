@@ -3,8 +3,8 @@
 `fast_tower_modules(model)` changes the class, and only the class, of two kinds of module, so
 the parameters, their names (the state dict, checkpoints, open_clip's pretrained weights) and
 any hooks stay. The engine applies it to every model it trains, eager, compiled or under
-ZeRO-3 (`ContrastiveEngine.create`). The towers' chunk passes on one H200 (ViT-B-16, chunk
-1,024, bf16; `launch/probe_towers.py`): eager 586 -> 478 us a sample, compiled 461 -> 414.
+ZeRO-3 (`ContrastiveEngine.create`). `launch/probe_towers.py` times the towers' chunk passes
+with and without it (docs/benchmarks.md, "The GELU epilogue on the towers alone").
 
 Self-attention from the packed QKV projection. open_clip's ResidualAttentionBlock runs
 `nn.MultiheadAttention`, whose functional path moves the batch-first input to sequence-first,

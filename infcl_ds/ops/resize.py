@@ -4,8 +4,8 @@
 Why a kernel: the GPU decoder's lane shares the GPU's launch queue with the towers, which keep it
 full. Each of its launches then waits for a slot, about a tower kernel's time: a crop-and-resize
 built from torch ops (a gather and two batched products per group of crop sizes, ~7 launches a
-row) took 3.2 s per 1,024 rows beside a thread that keeps the queue full, against 0.09 s alone
-(launch/probe_lane.py on an H200). One launch per piece does not wait behind the queue 7,000 times.
+row) spends most of its time waiting behind the towers' kernels (launch/probe_lane.py measures
+it beside a thread that keeps the queue full). One launch per piece waits once.
 
 What it computes is torch's `interpolate(mode="bicubic", antialias=True)` of each crop (aten's
 _compute_indices_weights_aa, which follows PIL's resample), separably: for output row y and

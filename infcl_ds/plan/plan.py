@@ -319,12 +319,12 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     if plan.fits:
         advice = ()
         if not compile_supported(recipe.zero.stage) and recipe.zero.base_config is None:
-            # Compiled ZeRO-2 steps are 1.3x faster on one H200 (ViT-B-16) than the ZeRO-3 ones,
-            # which cannot compile the towers. Say so when ZeRO-2 fits.
+            # Compiled ZeRO-2 steps are faster than ZeRO-3's, which cannot compile the towers
+            # (docs/planner.md has both runs). Say so when ZeRO-2 fits.
             stage2 = probe(recipe_with(recipe, "zero", stage=2), gpus, model=plan.model)
             if stage2.fits:
                 advice = (f"zero.stage=2 also fits ({mem.gib(stage2.peak_gpu_bytes)} GiB per GPU) and can compile "
-                          f"the towers (model.compile), which ZeRO-3 cannot: 1.3x faster steps on one H200",)
+                          f"the towers (model.compile), which ZeRO-3 cannot: faster steps (docs/planner.md)",)
         return dataclasses.replace(plan, advice=advice, verdict=f"fits: {mem.gib(plan.peak_gpu_bytes)} GiB of "
                                                                 f"{gpu_memory_bytes / mem.GIB:.4g} GiB")
 
