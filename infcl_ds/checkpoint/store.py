@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..parallel.ring import is_collective_failure
+from ..run_dir import RECIPE
 from .atomic import atomic_write_bytes
 from .manifest import write_manifest
 from .rng import rng_state, set_rng_state
@@ -33,7 +34,10 @@ from .safe_load import CheckpointError, deepspeed_reads_weights_only, load_weigh
 from .state_mismatch import summarize
 from .tags import LATEST, prune, read_latest, remove_tag
 
-RECIPE = "recipe.yaml"
+
+def client_file(rank: int) -> str:
+    """The file of a tag holding rank ``rank``'s client state."""
+    return f"client_rank{rank}.pt"
 
 
 # -- saving ---------------------------------------------------------------------------------
@@ -97,7 +101,7 @@ def _save(engine, checkpoint_dir: Path, tag: str, step: int, client: Dict[str, A
         try:
             buffer = io.BytesIO()
             torch.save({**client, "step": step, "rng": rng_state()}, buffer)
-            atomic_write_bytes(tag_dir / f"client_rank{rank}.pt", buffer.getvalue())
+            atomic_write_bytes(tag_dir / client_file(rank), buffer.getvalue())
             if rank == 0:
                 atomic_write_bytes(tag_dir / RECIPE, recipe_text.encode())
         except OSError as err:
@@ -129,7 +133,7 @@ def _save(engine, checkpoint_dir: Path, tag: str, step: int, client: Dict[str, A
 
 def read_client(tag_dir: Path, rank: int, trust: bool = False) -> Dict[str, Any]:
     """This rank's client state (step, data position, RNG streams) from a verified tag."""
-    path = Path(tag_dir) / f"client_rank{rank}.pt"
+    path = Path(tag_dir) / client_file(rank)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {tag_dir} has no {path.name}: saved with a different number of ranks")
     if trust:

@@ -153,7 +153,7 @@ class Trainer:
                 lambda path, rank: store.read_client(path, rank, self.trust_checkpoint))
         else:
             store.read_client(tag_dir, self.rank, self.trust_checkpoint)
-        saved = tag_dir / store.RECIPE
+        saved = tag_dir / RECIPE
         changes = trajectory_changes(saved.read_text(), dump_recipe(self.recipe), str(saved)) if saved.is_file() else []
         if changes and not allow_recipe_change:
             raise CheckpointError(f"resuming {tag_dir.name} with a recipe that changes the run's trajectory "
