@@ -19,7 +19,7 @@ from typing import List, Optional
 from .checkpoint.safe_load import TRUST_FLAG, TRUST_HELP
 from .config import RecipeError, load_recipe
 from .parallel.ring import is_collective_failure
-from .training.distributed import collective_timeout_s, make_timeout_env_importable
+from .training.distributed import collective_timeout_s, leave_distributed, make_timeout_env_importable
 from .training.exits import DONE_EXIT, EXIT_STATUSES, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, \
     exit_now, one_line
 from .training.launcher_watch import watch_launcher
@@ -92,6 +92,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         exit_collective_failure(err, os.environ.get("RANK", "?"), "start-up", timeout_s)
     try:
         trainer.run()
+        trainer.phase = "leaving the job"
+        leave_distributed()  # this process joined the job and now exits: it tears its end down
     except USER_ERRORS + (OSError,) as err:  # OSError: a full disk or a vanished file system
         print(f"infcl-ds train: rank {trainer.rank}, {trainer.phase}: {one_line(err)}", file=sys.stderr)
         exit_now(USER_ERROR_EXIT)

@@ -148,3 +148,17 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
     _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+
+def leave_distributed() -> None:
+    """Leave the job once this rank's run is done: a barrier, then the process group torn down.
+
+    Without the teardown a gloo rank can abort as its interpreter exits (SIGABRT, "terminate
+    called without an active exception": the group's worker threads still hold finished work
+    when the interpreter goes; pytorch/pytorch#190489), and the launcher then reports a run that
+    finished as failed and kills the ranks still writing. The barrier first: no rank tears its
+    end down while a peer may still send to it. Only after success: with a peer gone, the
+    barrier fails within the collective timeout (exit 3), where a teardown would wait on it."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
