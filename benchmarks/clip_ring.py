@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from infcl_ds import contrastive_loss
+from infcl_ds.training.distributed import leave_distributed
 from .clip import FLOPS_PER_B2D, make_inputs
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row
@@ -91,7 +92,7 @@ def _worker(rank, world, args, port, ident):
     if rank == 0:
         from .plot import plot_ring
         plot_ring(Path(args.out), Path(args.out).with_suffix(".png"))
-    torch_dist.barrier()
+    leave_distributed()  # torn down before exit: a gloo rank left to the exit can abort
 
 
 def main(argv=None):

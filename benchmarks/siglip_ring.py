@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from infcl_ds.training.distributed import leave_distributed
+
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, require_passed, ring_check, run_row
 from tests.reference import siglip_loss_reference
@@ -40,7 +42,7 @@ def _worker(rank, world, args, port, ident):
     if rank == 0:
         from .plot import plot_siglip
         plot_siglip(Path(args.out), Path(args.out).with_suffix(".png"))
-    torch_dist.barrier()
+    leave_distributed()  # torn down before exit: a gloo rank left to the exit can abort
 
 
 def main(argv=None):

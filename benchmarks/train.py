@@ -26,6 +26,7 @@ import torch
 
 from infcl_ds.config.recipe import DataSection
 from infcl_ds.training.build import build_engine
+from infcl_ds.training.distributed import leave_distributed
 from infcl_ds.training.resolve import resolve_auto_chunk, resolve_data
 from .common import free_port, is_oom, join_ranks, parse_sizes, run_identity, write_rows
 
@@ -313,7 +314,7 @@ def _worker(rank, world, args, port, ident):
             torch.cuda.empty_cache()
     if rank == 0:
         plot_train_rows(out)
-    torch_dist.barrier()
+    leave_distributed()  # torn down before exit: a gloo rank left to the exit can abort
 
 
 def row_key(row):
