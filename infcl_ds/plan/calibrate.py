@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import List
 
 from ..config import load_recipe
+from ..engine.tower_footprint import ACTIVATION_CALIBRATION
 from . import memory as mem
-from .encoders import ACTIVATION_CALIBRATION, estimate_model
-from .plan import make_plan
+from .plan import estimate, make_plan
 from .timing import MEASURED_ENCODER_RATES, KernelRates, loss_rates_calibration
 
 MIB = 1 << 20
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     print(f"  encode {f['encode_s_per_sample'] * 1e6:.3f} us/sample, re-encode {f['reencode_s_per_sample'] * 1e6:.3f} "
           f"us/sample; in the code: "
           + (f"{in_code.forward * 1e6:.3f}, {in_code.forward_backward * 1e6:.3f}" if in_code else "none"))
-    flops = estimate_model(model).forward_flops()
+    flops = estimate(model).forward_flops()
     effective = 4 * flops / (f["encode_s_per_sample"] + f["reencode_s_per_sample"])
     print(f"  effective encoder rate {effective / 1e12:.1f} TFLOP/s per GPU (4 x {flops / 1e9:.2f} GFLOP per sample)")
     print()

@@ -28,10 +28,10 @@ from typing import Dict, Tuple
 from ..config import Recipe, build_deepspeed_config
 from ..data.footprint import (DEFAULT_IMAGE_BYTES, decode_pool_bytes, device_window_rows, input_samples_held,
                               kept_pixel_rows, sample_host_bytes)
+from ..engine.tower_footprint import ModelEstimate
 from ..ops.g_tiles import g_tile_bytes
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample, single_device_loss_bytes_per_sample
 from ..resources import read_json
-from .encoders import ModelEstimate
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}

@@ -15,8 +15,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection, compile_supported
 from ..data.footprint import image_bytes_per_sample, kept_pixel_rows
+from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
-from .encoders import ModelEstimate, estimate_model
 from .refusal import PlanError
 from .machine import CoreShare, split_cores
 from .timing import DEFAULT_NETWORK, NETWORKS, InputRate, KernelRates, StepTime, input_rate, step_time
@@ -132,6 +132,15 @@ def _gpu_limit(gpu: mem.GpuMemory, capacity: int) -> Limit:
     return Limit(GPU_LIMIT, gpu.peak, capacity, growth)
 
 
+def estimate(name: str) -> ModelEstimate:
+    """The towers' footprint of model ``name`` as the engine states it
+    (engine/tower_footprint.py), a model it does not model refused as a PlanError."""
+    try:
+        return estimate_model(name)
+    except UnmodelledModelError as err:
+        raise PlanError(f"plan: {err}") from err
+
+
 def _time_growth(time: StepTime, budget: float) -> float:
     """k with encoders * k + loss * k^2 = budget (the loss grows as the batch squared)."""
     a, b = time.loss, time.encoders
@@ -146,7 +155,7 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     """The plan's numbers, without a verdict. Raises RecipeError if the batch does not split
     over ``gpus``."""
     check_world(recipe, gpus)
-    model = model or estimate_model(recipe.model.name)
+    model = model or estimate(recipe.model.name)
     local = recipe.local_batch(gpus)
     gpu = mem.gpu_memory(model, recipe, gpus)
     image_bytes, image_bytes_source = image_bytes_per_sample(recipe.data)
@@ -190,7 +199,7 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
     budget = int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE)
     top = min(local, AUTO_CHUNK_MAX)
     candidates = [top] + [1 << k for k in range(top.bit_length() - 1, -1, -1) if (1 << k) < top]
-    model = estimate_model(recipe.model.name)
+    model = estimate(recipe.model.name)
     if recipe.data.keep_decoded_gib == "auto":  # sized after the chunk, in what the chunk leaves
         recipe = recipe_with(recipe, "data", keep_decoded_gib=0.0)
     for chunk in candidates:
@@ -213,7 +222,7 @@ def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
         return 0.0
     recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
     check_world(recipe, gpus)
-    model = estimate_model(recipe.model.name)
+    model = estimate(recipe.model.name)
     bare = mem.gpu_memory(model, recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus).peak
     row = 3 * model.image_size ** 2
     local = recipe.local_batch(gpus)

@@ -2,8 +2,8 @@
 from typing import List, Sequence
 
 from ..data.footprint import NVJPEG_RATE_PER_GPU, input_samples_held, sample_host_bytes
+from ..engine.tower_footprint import CALIBRATION_SOURCE, activation_calibration
 from . import memory as mem
-from .encoders import CALIBRATION_SOURCE, activation_calibration
 from .plan import ASSUMED_CORES_PER_GPU, GPU_LIMIT, HOST_LIMIT, Plan
 from .timing import NETWORKS, NVLINK, KernelRates, ScalingRow, min_hidden_block
 

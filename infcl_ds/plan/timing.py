@@ -37,9 +37,9 @@ from typing import Dict, List, Optional, Sequence
 from ..config import Recipe
 from ..data.footprint import DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU
 from ..engine.step import engine_passes
+from ..engine.tower_footprint import ModelEstimate
 from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
-from .encoders import ModelEstimate
 from .refusal import PlanError
 from .memory import DTYPE_BYTES
 

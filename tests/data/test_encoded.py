@@ -137,7 +137,7 @@ def test_the_planner_counts_the_decode_window_and_its_processes():
     kept = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1",
                               "data.keep_decoded_gib=0", "batch.chunk=256"])
     from infcl_ds.plan import memory
-    from infcl_ds.plan.encoders import estimate_model
+    from infcl_ds.engine.tower_footprint import estimate_model
     assert memory.DEVICE_WINDOW in memory.gpu_memory(estimate_model("ViT-B-16"), kept, 1).phases[memory.ENCODER_PASS]
 
 

@@ -1,4 +1,4 @@
-"""The planner's memory (infcl_ds/plan/memory.py, encoders.py): exact component arithmetic on a
+"""The planner's memory (infcl_ds/plan/memory.py, engine/tower_footprint.py): exact component arithmetic on a
 tiny case, the activation count against autograd, ZeRO sharding, feature offload, the host's
 share, `chunk: auto`, and the prediction against recorded GPU peaks."""
 import re
@@ -10,7 +10,7 @@ from infcl_ds.config import load_recipe
 from infcl_ds.plan import KernelRates, make_plan
 from infcl_ds.data import footprint
 from infcl_ds.plan import memory as mem
-from infcl_ds.plan.encoders import DEFAULT_ACTIVATION_CALIBRATION, estimate_model
+from infcl_ds.engine.tower_footprint import DEFAULT_ACTIVATION_CALIBRATION, estimate_model
 
 GIB = 1 << 30
 RECIPES = Path(__file__).resolve().parents[2] / "ds_configs" / "recipes"

@@ -11,7 +11,7 @@ from infcl_ds.plan import KernelRates, make_plan, ring_scaling_table
 from infcl_ds.plan import memory as mem
 from infcl_ds.plan.command import main
 from infcl_ds.plan import calibrate
-from infcl_ds.plan.encoders import ACTIVATION_CALIBRATION, estimate_model
+from infcl_ds.engine.tower_footprint import ACTIVATION_CALIBRATION, estimate_model
 from infcl_ds.plan.timing import COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
 
 GIB = 1 << 30

@@ -1,6 +1,8 @@
-"""Parameters, FLOPs and activation memory of a CLIP model, from its open_clip config.
+"""The towers' footprint on the GPU, which the engine states for the planner: parameters,
+FLOPs and saved activations per sample of a CLIP model, from its open_clip config.
 
-Only what the planner needs, computed from the JSON config without building the model (a
+Only what the planner needs (plan/ composes it with data/footprint.py's costs and
+engine/step.py's passes), computed from the JSON config without building the model (a
 ViT-L-14 would take seconds and 1.7 GB): open_clip's VisionTransformer and TextTransformer
 towers. Other towers (timm, Hugging Face, ResNet) are refused by name rather than guessed.
 
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from ..resources import read_json
-from .refusal import PlanError
 
 # Saved per token of one layer (module docstring): values of width h and m in the compute dtype,
 # and fp32 bytes: the LayerNorms' mean and rstd, per head the attention's log-sum-exp
@@ -44,6 +45,12 @@ ACTIVATION_CALIBRATION: Dict[Tuple[str, bool], float] = {key: fit["factor"] for 
 # Any other model, or checkpointing on: the default model's factor, transferred, not measured.
 _DEFAULT_FIT = _FITS[(_ACTIVATIONS["default_model"], False)]
 DEFAULT_ACTIVATION_CALIBRATION, CALIBRATION_SOURCE = _DEFAULT_FIT["factor"], _DEFAULT_FIT["source"]
+
+
+class UnmodelledModelError(ValueError):
+    """A model config whose towers are not modelled here (ResNet, timm or Hugging Face towers,
+    keys the formulas do not cover) or that open_clip does not know; the message names the
+    model and why. The planner refuses it as a PlanError, the message prefixed with "plan: "."""
 
 
 def activation_calibration(name: str, checkpointing: bool) -> Tuple[float, bool]:
@@ -135,7 +142,7 @@ class ModelEstimate:
 def _check_keys(where: str, cfg: dict, allowed: set, name: str) -> None:
     unknown = sorted(set(cfg) - allowed)
     if unknown:
-        raise PlanError(f"plan: model {name}: {where} sets {', '.join(unknown)}, which the planner does not "
+        raise UnmodelledModelError(f"model {name}: {where} sets {', '.join(unknown)}, which the planner does not "
                                "model (it estimates open_clip ViT image towers and transformer text towers)")
 
 
@@ -154,10 +161,10 @@ def vision_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False)
     _check_keys("vision_cfg", cfg, _VISION_KEYS, name)
     layers, width = cfg.get("layers", 12), cfg.get("width", 768)
     if not isinstance(layers, int):
-        raise PlanError(f"plan: model {name}: a ResNet image tower (layers={layers}) is not modelled")
+        raise UnmodelledModelError(f"model {name}: a ResNet image tower (layers={layers}) is not modelled")
     image_size, patch = cfg.get("image_size", 224), cfg.get("patch_size", 16)
     if not isinstance(image_size, int):
-        raise PlanError(f"plan: model {name}: non-square image_size {image_size} is not modelled")
+        raise UnmodelledModelError(f"model {name}: non-square image_size {image_size} is not modelled")
     patches = (image_size // patch) ** 2
     tokens = patches + 1
     outside = (3 * patch * patch * width     # conv1, no bias
@@ -186,14 +193,15 @@ def text_tower(cfg: dict, embed_dim: int, name: str, quick_gelu: bool = False) -
 
 def estimate_model(name: str, cfg: Optional[dict] = None) -> ModelEstimate:
     """The estimate for open_clip model ``name`` (its config read from open_clip, the project's
-    tiny models included, unless given)."""
+    tiny models included, unless given). Raises UnmodelledModelError for a config it does not
+    model."""
     if cfg is None:
         import open_clip
         from ..models import register_tiny_configs
         register_tiny_configs()
         cfg = open_clip.get_model_config(name)
         if cfg is None:
-            raise PlanError(f"plan: open_clip has no model config named {name!r}")
+            raise UnmodelledModelError(f"open_clip has no model config named {name!r}")
     _check_keys("the config", cfg, _TOP_KEYS, name)
     embed_dim = cfg["embed_dim"]
     vision, text = cfg["vision_cfg"], cfg["text_cfg"]
