@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+from infcl_ds.data import DataError
 
 from .common import run_identity, write_rows
 
@@ -34,14 +35,15 @@ def host_rss_gib() -> float:
     return total / 2 ** 30
 
 
-def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decoder: str = "pil"):
+def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, seed: int = 0, decoder: str = "pil",
+                  gpu_jpeg_library: str = "torchvision"):
     from open_clip import get_tokenizer
 
     from infcl_ds.config.recipe import DataSection
     from infcl_ds.data import build_train_data
     section = DataSection(source="webdataset", train=str(shards), workers=min(8, os.cpu_count() or 1), worker_batch=512,
                           host_batch="encoded", decode_workers=decode_workers, decoder=decoder, augment=True,
-                          keep_decoded_gib=0.0)
+                          keep_decoded_gib=0.0, gpu_jpeg_library=gpu_jpeg_library)
     data = build_train_data(section, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
@@ -87,11 +89,13 @@ def decode_rows(shards, workers_list, samples: int, image_size: int, chunk: int,
     return rows
 
 
-def device_rows(shards, samples: int, image_size: int, chunk: int, command: str, device: str = "cuda"):
-    """data.decoder=nvjpeg on this GPU (or the same code with torchvision's CPU decoder for
-    `device="cpu"`), and how far its pixels are from the PIL path's on the same rows (same crops)."""
+def device_rows(shards, samples: int, image_size: int, chunk: int, command: str, device: str = "cuda",
+                library: str = "torchvision"):
+    """data.decoder=nvjpeg on this GPU with data.gpu_jpeg_library=`library` (or the same code with
+    the library's CPU decoder for `device="cpu"`), and how far its pixels are from the PIL path's
+    on the same rows (same crops)."""
     import torch
-    data = encoded_batch(shards, samples, image_size, 0, decoder="nvjpeg")
+    data = encoded_batch(shards, samples, image_size, 0, decoder="nvjpeg", gpu_jpeg_library=library)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batches = iter(data)
     warm = next(batches)
@@ -111,12 +115,12 @@ def device_rows(shards, samples: int, image_size: int, chunk: int, command: str,
     pil = batch.decoder.pieces  # the PIL pieces that decode a chunk nobody announced
     want = torch.cat([pil[batch.request(lo, min(lo + 256, rows))][1] for lo in range(0, rows, 256)]).float()
     diff = (got - want).abs()
-    row = {"what": "decode", "impl": "nvjpeg", "workers": 0, "image_size": image_size, "samples": len(batch),
+    row = {"what": "decode", "impl": "nvjpeg", "gpu_jpeg_library": library, "workers": 0, "image_size": image_size, "samples": len(batch),
            "samples_per_s": len(batch) / seconds, "per_worker": None, "bytes_per_sample": batch.nbytes / len(batch),
            "decoded_bytes_per_sample": 3 * image_size ** 2, "host_rss_gib": host_rss_gib(),
            "mean_abs_diff_vs_pil": diff.mean().item(), "max_abs_diff_vs_pil": diff.max().item(),
            "share_pixels_equal": (diff == 0).float().mean().item(), "command": command}
-    print(f"decode nvjpeg: {row['samples_per_s']:8.0f} samples/s; pixels vs PIL: mean |diff| "
+    print(f"decode nvjpeg ({library}): {row['samples_per_s']:8.0f} samples/s; pixels vs PIL: mean |diff| "
           f"{row['mean_abs_diff_vs_pil']:.2f} levels, max {row['max_abs_diff_vs_pil']:.0f}", flush=True)
     batches.close()
     data.close()
@@ -151,6 +155,8 @@ def main(argv=None):
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--decoders", default="pil,torchvision", help="data.decoder values, comma-separated")
+    p.add_argument("--gpu-jpeg-libraries", default="torchvision,nvimgcodec",
+                   help="on a GPU: data.decoder=nvjpeg with each data.gpu_jpeg_library (nvimgcodec: if installed)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--recipes", type=Path, default=Path("ds_configs/recipes"), help="recipes to set the needs beside")
     args = p.parse_args(argv)
@@ -160,7 +166,15 @@ def main(argv=None):
                        args.chunk, command, args.decoders.split(","))
     import torch
     if torch.cuda.is_available():
-        rows += device_rows(args.shards, args.samples, args.image_size, args.chunk, command)
+        for library in args.gpu_jpeg_libraries.split(","):
+            if library == "nvimgcodec":
+                from infcl_ds.data.nvimgcodec_decode import nvimgcodec_module
+                try:
+                    nvimgcodec_module()
+                except DataError as err:
+                    print(f"no nvimgcodec row: {err}", flush=True)
+                    continue
+            rows += device_rows(args.shards, args.samples, args.image_size, args.chunk, command, library=library)
     best = max((r for r in rows if r["impl"] == "pil"), key=lambda r: r["samples_per_s"])
     rows += needed_rows(best["per_worker"], args.recipes)
     for row in rows:

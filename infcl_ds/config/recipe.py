@@ -173,6 +173,10 @@ class DataSection(Section):
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
     # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md).
     decoder: Literal["pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
+    # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
+    # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
+    # call reaches the GPU's hardware JPEG decoder (data/nvimgcodec_decode.py).
+    gpu_jpeg_library: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
     # rates of the GPU and of decode_workers PIL processes (data/footprint.py: gpu_decode_share).
     gpu_decode_share: Union[Literal["auto"], Fraction] = "auto"

@@ -7,10 +7,13 @@ from typing import List, Optional, Sequence
 
 import torch
 from torch.utils.data import Dataset
+from torchvision.transforms.functional import pil_to_tensor
 
 from .errors import DataError
 from .samples import SkipSample, decode_image
 from .transforms import transform_image
+
+JPEG_MAGIC = b"\xff\xd8"  # how a JPEG file starts: the GPU decoders take these, PIL the rest
 
 
 class DecodePieces(Dataset):
@@ -48,3 +51,17 @@ def replacement_sources(decoded: Sequence[bool], row0: int) -> List[int]:
         raise DataError(f"local batch rows {row0}-{row0 + len(decoded) - 1}: no image of these "
                         f"{len(decoded)} decodes")
     return [r if decoded[r] else next((u for u in usable if u > r), usable[0]) for r in range(len(decoded))]
+
+
+def by_pil_where_missing(blobs: Sequence[bytes], out: List[Optional[torch.Tensor]],
+                         device) -> List[Optional[torch.Tensor]]:
+    """`out` (a GPU decoder's uint8 [3, h, w] images, before any crop) with each None it left
+    (not a JPEG, or one it refused) decoded by PIL on the host and moved to `device`; None where
+    PIL cannot decode it either."""
+    for i, blob in enumerate(blobs):
+        if out[i] is None:
+            try:
+                out[i] = pil_to_tensor(decode_image(blob)).to(device)
+            except SkipSample:
+                pass
+    return out

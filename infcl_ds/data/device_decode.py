@@ -15,19 +15,18 @@ queue the towers keep full, so their number per piece, not their work, sets its 
 stream waits for: a chunk decodes while the towers still run the previous one.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torchvision.transforms import CenterCrop, InterpolationMode, RandomResizedCrop, Resize
 from torchvision.transforms import functional as F
 
 from .crop_draws import crop_draws, random_resized_crop_params
+from .decode_pieces import JPEG_MAGIC, DecodePieces, by_pil_where_missing, replacement_sources
 from .device_lane import handed_over
-from .decode_pieces import DecodePieces, replacement_sources
-from .samples import SkipSample, decode_image
+from .nvimgcodec_decode import NvImageCodecJpegs
 from .transforms import sample_seed
 
-JPEG_MAGIC = b"\xff\xd8"
 # Images per batched crop-and-resize: bounds its float32 work buffers (~64 x 3 x 400^2 x 4 B
 # = 120 MiB for photos of 400 px), large enough that the products fill the GPU.
 RESIZE_GROUP = 64
@@ -217,13 +216,7 @@ def decode_jpegs(blobs: List[bytes], device) -> List[Optional[torch.Tensor]]:
                     decoded.append(None)
         for i, image in zip(jpegs, decoded):
             out[i] = image
-    for i, blob in enumerate(blobs):
-        if out[i] is None:
-            try:
-                out[i] = F.pil_to_tensor(decode_image(blob)).to(device)
-            except SkipSample:
-                pass
-    return out
+    return by_pil_where_missing(blobs, out, device)
 
 
 class DevicePieces(DecodePieces):
@@ -239,14 +232,26 @@ class DevicePieces(DecodePieces):
                 for image, index in zip(decode_jpegs(blobs, self.device), indices)]
 
 
+def jpeg_decoder(library: str, device: torch.device) -> Callable:
+    """`blobs -> [uint8 [3, h, w] or None]` on `device` with the GPU decoder's JPEG library
+    (data.gpu_jpeg_library): torchvision's nvJPEG binding (decode_jpegs) or NVIDIA's nvImageCodec
+    (data/nvimgcodec_decode.py, the gpu-decode extra). On the CPU each uses its libjpeg-turbo."""
+    if library == "torchvision":
+        return lambda blobs: decode_jpegs(blobs, device)
+    if library == "nvimgcodec":
+        return NvImageCodecJpegs(device)
+    raise ValueError(f"data.gpu_jpeg_library must be torchvision or nvimgcodec, got {library!r}")
+
+
 class BatchedDevicePieces(DecodePieces):
     """A request -> DecodePieces' result with the pixels on `device`: the whole piece decoded in
-    one batched call and cropped in batched products (nvJPEG on CUDA; on the CPU the same code
-    with torchvision's CPU decoder, which is what the CPU tests run)."""
+    one batched call of `library` (jpeg_decoder) and cropped in batched products (nvJPEG on
+    CUDA; on the CPU the same code with the library's CPU decoder, which is what the CPU tests run)."""
 
-    def __init__(self, transform, seed: int, device):
+    def __init__(self, transform, seed: int, device, library: str = "torchvision"):
         super().__init__(transform, seed)
         self.geometry, self.device = CropGeometry(transform), torch.device(device)
+        self.jpegs = jpeg_decoder(library, self.device)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def decode(self, request):
@@ -266,7 +271,7 @@ class BatchedDevicePieces(DecodePieces):
         return handed_over(self.decode(request))
 
     def _decode(self, row0, blobs, epoch, indices):
-        images = decode_jpegs(blobs, self.device)
+        images = self.jpegs(blobs)
         source = replacement_sources([image is not None for image in images], row0)
         usable = [r for r, image in enumerate(images) if image is not None]
         boxes = self.geometry.boxes([images[r] for r in usable],

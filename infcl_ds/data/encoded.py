@@ -84,7 +84,8 @@ class ChunkDecoder:
     """A rank's decoding (data.decoder):
     - "pil": open_clip's pixels exactly, by `workers` processes (0: in the calling process);
     - "torchvision": torchvision.io's decoder and torch's resize in those processes, the same crops;
-    - "nvjpeg": every row on `device` (device_decode.BatchedDevicePieces), no processes;
+    - "nvjpeg": every row on `device` (device_decode.BatchedDevicePieces, with `gpu_jpeg_library`),
+      no processes;
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
       on `device`: both decode each chunk at once, each at its own rate.
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
@@ -94,14 +95,15 @@ class ChunkDecoder:
     assembled after it; a batch assembled first waits for the engine's."""
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
-                 image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None):
+                 image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None,
+                 gpu_jpeg_library: str = "torchvision"):
         if decoder not in DECODERS:
             raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
         # The processes' decoder, and the calling process's for a chunk nobody announced.
         self.pieces = DevicePieces(transform, seed) if decoder == "torchvision" else DecodePieces(transform, seed)
         self.gpu, self.gpu_share, self.lane = None, 0.0, None
         if decoder in ("nvjpeg", "hybrid"):
-            self.gpu = BatchedDevicePieces(transform, seed, device)
+            self.gpu = BatchedDevicePieces(transform, seed, device, gpu_jpeg_library)
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "

@@ -244,7 +244,8 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
             raise DataError("data.gpu_decode_share=auto is resolved by the trainer (data.footprint.gpu_decode_share) "
                             "before the data is built: pass a number")
         decoder = ChunkDecoder(transform, seed, data.decode_workers, data.decoder, device=device,
-                               image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share)
+                               image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share,
+                               gpu_jpeg_library=data.gpu_jpeg_library)
     else:
         dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
     try:

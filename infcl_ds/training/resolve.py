@@ -9,6 +9,7 @@ import torch
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
 from ..data.footprint import gpu_decode_share
+from ..data.nvimgcodec_decode import nvimgcodec_module
 from ..plan.refusal import PlanError
 from ..plan.machine import CoreShare, rank_cores
 from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_decode_workers, auto_keep_gib,
@@ -96,17 +97,27 @@ def resolve_decode_workers(recipe: Recipe, device: torch.device, rank: Optional[
     return recipe_with(recipe, "data", decode_workers=chosen.count)
 
 
-def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
-    """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank. The recipe
-    with hybrid's `data.gpu_decode_share: auto` replaced by its number (data.footprint's
-    gpu_decode_share: the measured rates of the GPU and of the decode processes)."""
+def check_decoder(recipe: Recipe, device: torch.device) -> None:
+    """data.decoder=nvjpeg and hybrid decode on the rank's GPU: refused on a CPU rank, and with
+    data.gpu_jpeg_library=nvimgcodec where nvImageCodec is not installed (one line naming the
+    extra). The same on every rank of a uniform job: called before any collective."""
     data = recipe.data
     if data.host_batch != "encoded" or data.decoder not in ("nvjpeg", "hybrid"):
-        return recipe
+        return
     if device.type != "cuda":
         raise DataError(f"data.decoder={data.decoder} decodes on the GPU and this rank runs on {device.type}: "
                         "use data.decoder=pil")
-    if data.decoder == "hybrid" and data.gpu_decode_share == "auto":
+    if data.gpu_jpeg_library == "nvimgcodec":
+        nvimgcodec_module()
+
+
+def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
+    """The recipe with hybrid's `data.gpu_decode_share: auto` replaced by its number
+    (data.footprint's gpu_decode_share: the measured rates of the GPU and of the decode
+    processes), after check_decoder."""
+    check_decoder(recipe, device)
+    data = recipe.data
+    if data.host_batch == "encoded" and data.decoder == "hybrid" and data.gpu_decode_share == "auto":
         return recipe_with(recipe, "data", gpu_decode_share=gpu_decode_share(data))
     return recipe
 

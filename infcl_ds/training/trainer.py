@@ -33,7 +33,7 @@ from .metrics import MetricsLogger, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
-from .resolve import check_float8, resolve_auto_chunk, resolve_data
+from .resolve import check_decoder, check_float8, resolve_auto_chunk, resolve_data
 from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
 
@@ -54,7 +54,9 @@ class Trainer:
         self.run_lock = run_lock if run_lock is not None else take_if_owner(recipe.output_dir)
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        check_float8(recipe, self.device)  # the same on every rank of a uniform job: before any collective
+        # The same on every rank of a uniform job: before any collective.
+        check_float8(recipe, self.device)
+        check_decoder(recipe, self.device)
         share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
         # batch.chunk: auto, asked here once (build_engine takes the number).

@@ -1,0 +1,71 @@
+"""The GPU decoder's JPEGs through NVIDIA's nvImageCodec (`data.gpu_jpeg_library: nvimgcodec`,
+installed by the `gpu-decode` extra): the same contract as torchvision's decode_jpegs
+(data/device_decode.py), one uint8 [3, h, w] tensor or None per blob, on the device.
+
+A piece is one batched call. On a GPU, nvImageCodec picks per image the first of its backends
+that can decode it: the hardware JPEG decoder (A100, H100, H200: off the SMs), then nvJPEG's
+CUDA decoder, then its hybrid one. It writes planar RGB (the [3, h, w] layout the crops read),
+synchronised with the caller's CUDA stream, and torch takes each image without a copy
+(DLPack). On the CPU (the tests) it decodes with libjpeg-turbo, as torchvision and PIL do:
+the same pixels. EXIF orientation is ignored, as open_clip's PIL loading ignores it.
+
+Images it cannot parse or decode (not a JPEG, corrupt, truncated) are PIL's, as with
+torchvision (by_pil_where_missing). The library's own log lines are off unless
+PYNVIMGCODEC_VERBOSITY is set: an undecodable image is counted by the data path, not printed.
+"""
+import importlib
+import os
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from .decode_pieces import JPEG_MAGIC, by_pil_where_missing
+from .errors import DataError
+
+EXTRA = "gpu-decode"
+
+
+def nvimgcodec_module():
+    """nvidia.nvimgcodec, or a DataError naming the extra that installs it."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")  # read when the module loads
+    try:
+        return importlib.import_module("nvidia.nvimgcodec")
+    except ImportError:
+        raise DataError(f"data.gpu_jpeg_library=nvimgcodec needs NVIDIA's nvImageCodec, which is not installed: "
+                        f"pip install 'infcl_ds[{EXTRA}]' (or data.gpu_jpeg_library=torchvision)") from None
+
+
+class NvImageCodecJpegs:
+    """blobs -> [uint8 [3, h, w] on `device`, or None where neither nvImageCodec nor PIL decodes it]."""
+
+    def __init__(self, device: torch.device):
+        n = nvimgcodec_module()
+        self._n, self.device = n, torch.device(device)
+        if self.device.type == "cuda":
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            kinds = (n.BackendKind.HW_GPU_ONLY, n.BackendKind.GPU_ONLY, n.BackendKind.HYBRID_CPU_GPU)
+            self.decoder = n.Decoder(device_id=index, backends=[n.Backend(kind) for kind in kinds])
+        else:
+            self.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
+        self.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
+                                     allow_any_depth=False, sample_format=n.SampleFormat.P_RGB)
+
+    def __call__(self, blobs: List[bytes]) -> List[Optional[torch.Tensor]]:
+        out: List[Optional[torch.Tensor]] = [None] * len(blobs)
+        at, streams = [], []
+        for i, blob in enumerate(blobs):
+            if blob[:2] != JPEG_MAGIC:
+                continue
+            try:
+                streams.append(self._n.CodeStream(blob))  # parses the header
+            except RuntimeError:  # not a JPEG it can read: PIL's
+                continue
+            at.append(i)
+        if streams:
+            cuda = self.device.type == "cuda"
+            stream = torch.cuda.current_stream(self.device).cuda_stream if cuda else 0
+            for i, image in zip(at, self.decoder.decode(streams, params=self.params, cuda_stream=stream)):
+                if image is not None:
+                    out[i] = torch.from_dlpack(image) if cuda else torch.from_numpy(np.array(image))
+        return by_pil_where_missing(blobs, out, self.device)
