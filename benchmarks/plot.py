@@ -105,7 +105,9 @@ def plot_siglip(json_path: Path, png_path: Path) -> None:
     plt = pyplot()
     data, rows = loss_rows(json_path)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = {"infcl_ds": "tab:blue", "open_clip": "tab:orange"}
+    # This code first (blue), its one-GPU rows, then open_clip's (each dist_impl its own colour).
+    impls = sorted({r["impl"] for r in rows}, key=lambda i: (not i.startswith("infcl_ds"), i))
+    colors = {impl: f"C{n}" for n, impl in enumerate(impls)}
     for k, D in enumerate(sorted({r["D"] for r in rows})):
         for impl, color in colors.items():
             pts = sorted((r for r in rows if r["impl"] == impl and r["D"] == D), key=lambda r: r["B"])

@@ -4,8 +4,12 @@ open_clip's SigLipLoss over the same ranks, side by side in one run.
 Rows as siglip.py's, per GPU over W ranks: ``ms`` the slowest rank's, ``peak_mib`` the largest
 rank's, ``tflops_eff`` = 6 B^2 D / W / time, ``peak_mib_budget`` (12 D + 16) B / W bytes + 64 MiB.
 Before any timing, the ring is checked against float64 of the gathered batch (meta.checks).
+open_clip's SigLipLoss runs with each of its ``dist_impl`` exchanges (``open_clip_bidir``, ...).
+Beside each ring row of this code, the same code on one GPU at the same work per GPU (global
+B / sqrt(W) samples, ``infcl_ds_1gpu``) gives the ring's weak-scaling efficiency.
 """
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -15,13 +19,44 @@ from infcl_ds.training.distributed import leave_distributed
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, require_passed, ring_check, run_row
 from tests.reference import siglip_loss_reference
-from .siglip import IMPLS, infcl_ds_loss, make_inputs, siglip_row
+from .siglip import FLOPS_PER_B2D, infcl_ds_loss, make_inputs, siglip_row
+
+OPEN_CLIP_EXCHANGES = ("bidir", "shift", "reduce", "gather")  # open_clip's SigLipLoss(dist_impl=...)
+
+
+def _loss_fn(impl: str, rank: int, world: int):
+    if impl == "infcl_ds":
+        return infcl_ds_loss(rank, world)
+    if impl.startswith("open_clip_") and impl[len("open_clip_"):] in OPEN_CLIP_EXCHANGES:
+        from open_clip.loss import SigLipLoss
+        fn = SigLipLoss(rank=rank, world_size=world, dist_impl=impl[len("open_clip_"):])
+        return lambda i, t, s, b: fn(i, t, s, b)
+    raise ValueError(f"--impl: infcl_ds or open_clip_{{{','.join(OPEN_CLIP_EXCHANGES)}}}, got {impl!r}")
+
+
+def _single_gpu_rows(rows, args, meta, device, group):
+    """This code on one GPU (a group of one rank) at each measured ring row's work per GPU:
+    global B / sqrt(W) samples; the ring's weak-scaling efficiency beside it."""
+    from infcl_ds.losses import sigmoid_loss
+    world = meta["world"]
+    for r in [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]:
+        b1 = max(1, round(r["B"] / math.sqrt(world)))  # the same 6 B^2 D / W work as the ring row
+        one = siglip_row("infcl_ds_1gpu", b1, r["D"], args.dtype, 1, same_work_as_B=r["B"],
+                         **{k: meta[k] for k in ("device", "torch", "triton", "commit")})
+        run_row(one, lambda i, t, s, b: sigmoid_loss(i, t, s, b, group=group, allow_tf32=True),
+                lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=args.reps,
+                long_row_ms=args.long_row_seconds * 1e3)
+        note = ""
+        if one["status"] == "measured":
+            r["efficiency"] = r["tflops_eff"] / one["tflops_eff"]
+            note = f"-> ring efficiency at B={r['B']} D={r['D']}: {r['efficiency']:.3f}"
+        add_row(rows, one, args.out, meta, note=note)
 
 
 def _worker(rank, world, args, port, ident):
     import torch.distributed as torch_dist
     device, group_max = join_ranks(rank, world, port)
-    checks = ring_check(infcl_ds_loss(), make_inputs(1031, 768, args.dtype, device, seed=7 + rank), args.dtype,
+    checks = ring_check(infcl_ds_loss(), make_inputs(args.check_rows, 768, args.dtype, device, seed=7 + rank), args.dtype,
                         siglip_loss_reference, rank, world)
     meta = dict(ident, world=world, argv=args.argv, checks=checks)
     require_passed(checks, "the sigmoid ring")
@@ -31,14 +66,20 @@ def _worker(rank, world, args, port, ident):
         for B in parse_sizes(args.batch):
             for impl in args.impl.split(","):
                 row = siglip_row(impl, B, D, args.dtype, world, **ident)
-                if impl == "open_clip" and B > open_clip_max:
+                if impl.startswith("open_clip") and B > open_clip_max:
                     row["status"] = "not run (local B x B logits exceed the GPU)"
                 else:
-                    run_row(row, IMPLS[impl](rank, world),
+                    run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
                             reps=args.reps, long_row_ms=args.long_row_seconds * 1e3)
                     torch_dist.barrier()
                 add_row(rows, row, args.out, meta, rank)
+    # A group of one rank gives the single-GPU loss (new_group is collective: all ranks).
+    solo = [torch_dist.new_group([r]) for r in range(world)][rank]
+    torch_dist.barrier()
+    if rank == 0 and args.single:
+        _single_gpu_rows(rows, args, meta, device, solo)
+    torch_dist.barrier()
     if rank == 0:
         from .plot import plot_siglip
         plot_siglip(Path(args.out), Path(args.out).with_suffix(".png"))
@@ -53,7 +94,10 @@ def main(argv=None):
     p.add_argument("--batch", default="64k,256k,1m")
     p.add_argument("--dim", default="768,1152")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--impl", default="infcl_ds,open_clip")
+    p.add_argument("--impl", default="infcl_ds," + ",".join(f"open_clip_{x}" for x in OPEN_CLIP_EXCHANGES),
+                   help="infcl_ds and open_clip's SigLipLoss with each dist_impl (open_clip_bidir, ...)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU same-work rows")
+    p.add_argument("--check-rows", type=int, default=1031, help="rows per rank of the float64 check (D=768)")
     p.add_argument("--open-clip-max-batch", default="256k", help="global batch; larger open_clip rows are not run")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--long-row-seconds", type=float, default=2.0)

@@ -82,3 +82,20 @@ def test_files_of_the_old_row_names_read_as_the_one_schema(tmp_path, name):
     draw = plot.plot_ring if name == "ring" else plot.plot_siglip
     draw(path, tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+def test_the_sigmoid_ring_rows_carry_open_clips_exchanges_and_the_efficiency(tmp_path):
+    """`bench ring --loss siglip` on two gloo ranks: after the float64 check, a row per impl
+    (open_clip's SigLipLoss with a dist_impl of its own), then this code on one rank at the
+    ring's work per GPU (global B / sqrt(2) samples) and the ring row's efficiency against it."""
+    from benchmarks import ring
+    out = tmp_path / "siglip_ring.json"
+    ring.main(["--loss", "siglip", "--batch", "128", "--dim", "32", "--dtype", "fp32", "--reps", "1",
+               "--impl", "infcl_ds,open_clip_shift", "--check-rows", "37", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert all(check["ok"] for check in data["meta"]["checks"])
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert set(rows) == {"infcl_ds", "open_clip_shift", "infcl_ds_1gpu"}
+    ring_row, one = rows["infcl_ds"], rows["infcl_ds_1gpu"]
+    assert (one["B"], one["world"], one["same_work_as_B"]) == (91, 1, 128)  # round(128 / sqrt(2))
+    assert ring_row["efficiency"] == pytest.approx(ring_row["tflops_eff"] / one["tflops_eff"])
