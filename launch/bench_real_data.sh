@@ -4,6 +4,8 @@
 #   bash launch/bench_real_data.sh b16 b16-open-clip-train      # ViT-B-16, 32k, compiled
 #   bash launch/bench_real_data.sh l14                           # ViT-L-14, 16k, compiled
 #   bash launch/bench_real_data.sh b16-decoders                  # ViT-B-16: pil, nvjpeg, hybrid
+#   bash launch/bench_real_data.sh b16-nvimgcodec                # nvjpeg, hybrid through nvImageCodec
+#   bash launch/bench_real_data.sh b16-2gpu b16-2gpu-open-clip-train   # both trainers on 2 GPUs, 64k
 #   bash launch/bench_real_data.sh data-decoders zeroshot-decoders
 #     decode rows per decoder (docs/benchmarks/data.json) and the quickstart's zero-shot top-1
 #     trained with each decoder (docs/benchmarks/decoder_zeroshot.json)
@@ -19,7 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/real_data.json
 shards=${SHARDS:-/tmp/infcl-ds-photos}
-[ $# -gt 0 ] || { echo "usage: $0 PART... (shards b16 b16-open-clip-train l14 l14-open-clip-train b16-decoders data-decoders zeroshot-decoders)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 PART... (shards b16 b16-open-clip-train l14 l14-open-clip-train b16-decoders b16-nvimgcodec b16-2gpu b16-2gpu-open-clip-train data-decoders zeroshot-decoders)" >&2; exit 2; }
 # The photos once (photos.json is written last: a cut-short making is made again), then the
 # list: $SHARDS/listed/shard-00000.tar ... as ${LISTED:-96} links cycling over the made shards.
 make_shards() {
@@ -50,6 +52,13 @@ for part in "$@"; do
                            --open-clip-train-batch-size 256 ;;
     b16-decoders) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --data synthetic,jpeg \
                     --decoder pil,nvjpeg,hybrid ;;
+    # the GPU decoder through nvImageCodec (the gpu-decode extra installed on the machine)
+    b16-nvimgcodec) bench --model ViT-B-16 --batch 32k --impl infcl_ds --compile --data jpeg --decoder nvjpeg,hybrid \
+                      --set data.gpu_jpeg_library=nvimgcodec ;;
+    # two GPUs of one host (14 decode processes per rank): both trainers at 32k per GPU
+    b16-2gpu) bench --world 2 --model ViT-B-16 --batch 64k --impl infcl_ds --compile --data synthetic,jpeg ;;
+    b16-2gpu-open-clip-train) bench --world 2 --model ViT-B-16 --batch 64k --impl open_clip_train --data jpeg \
+                                --open-clip-train-batch-size 1024 ;;
     data-decoders) python3 -m infcl_ds.cli bench data --shards "$shards" --workers 1,4,14 --decoders pil,torchvision \
                      --samples 4096 --out "${OUT:-docs/benchmarks}/data.json" ;;
     zeroshot-decoders) python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
