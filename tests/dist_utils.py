@@ -16,9 +16,14 @@ from torch.utils._pytree import tree_map
 from devices import DIST_BACKEND, GPU, setup_rank
 from benchmarks.common import free_port
 from infcl_ds.parallel.comm import without_cpu_shared_memory_op
+from infcl_ds.training.distributed import leave_distributed
 
 
 def _entry(fn, rank, world, port, args, queue, timeout_s):
+    # What importing deepspeed and open_clip sets in the parent, set alike whichever test ran
+    # there before: a rank's environment does not depend on the order of the tests.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if not GPU:
@@ -40,6 +45,11 @@ def _entry(fn, rank, world, port, args, queue, timeout_s):
         queue.put((rank, "ok", buf.getvalue()))
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         queue.put((rank, "error", traceback.format_exc()))
+        return
+    try:  # as the trainer's ranks leave: one left to the interpreter's exit can abort in the teardown
+        leave_distributed()
+    except Exception:  # noqa: BLE001 - a peer that failed has gone; this rank's result is delivered
+        pass
 
 
 def run_ranks(fn, world, *args, timeout_s=60, wait_s=240, allow_errors=False):
