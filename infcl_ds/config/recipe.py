@@ -171,8 +171,12 @@ class DataSection(Section):
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
-    # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md).
-    decoder: Literal["pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
+    # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md). auto:
+    # resolved per rank at start-up from the measured decode rates: pil where the rank's decode
+    # processes keep up with its planned step (and on a CPU rank), else hybrid (plan.auto_decoder).
+    # Not the default until a GPU run measures it (PNG shards, which the GPU decoder hands to PIL
+    # in its one thread, are not told apart yet).
+    decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
     # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
     # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
     # call reaches the GPU's hardware JPEG decoder (data/nvimgcodec_decode.py).

@@ -233,6 +233,9 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
     transform = uint8_image_transform(image_size, augment=data.augment)
     if data.host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
+        if data.decoder == "auto":
+            raise DataError("data.decoder=auto is resolved by the trainer (plan.auto_decoder) before the data is "
+                            "built: pass a decoder")
         if data.decode_workers == "auto":
             raise DataError("data.decode_workers=auto is resolved by the trainer (plan.auto_decode_workers) before "
                             "the data is built: pass a number")

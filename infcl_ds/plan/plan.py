@@ -58,6 +58,13 @@ class AutoDecodeWorkers:
 
 
 @dataclass(frozen=True)
+class AutoDecoder:
+    """`data.decoder: auto` resolved: the decoder and why, in words for the log and the plan."""
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe: Recipe
     model: ModelEstimate
@@ -75,6 +82,7 @@ class Plan:
     image_bytes_source: str = ""
     inputs: Optional[InputRate] = None     # decoding against the step (encoded host batches)
     decode_workers: Optional[AutoDecodeWorkers] = None  # data.decode_workers: auto, as resolved here
+    decoder: Optional[AutoDecoder] = None  # data.decoder: auto, as resolved here
     cores_assumed: bool = False            # the node's cores were not given: ASSUMED_CORES_PER_GPU
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
@@ -194,7 +202,8 @@ def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: 
     (memory.gpu_memory: the engine's and the data's on the device), so the host's and the step
     time are not planned: no shard is opened, no rate read."""
     check_world(recipe, gpus)
-    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
+    recipe = with_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # the resolvers', if resolved
+    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))
     local = recipe.local_batch(gpus)
     budget = int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE)
     top = min(local, AUTO_CHUNK_MAX)
@@ -220,7 +229,8 @@ def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_nod
     for within AUTO_CHUNK_MEMORY_SHARE of the GPU's memory; 0 when none fit."""
     if recipe.data.host_batch == "decoded":
         return 0.0
-    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))  # the resolver's, if resolved
+    recipe = with_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # the resolvers', if resolved
+    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))
     check_world(recipe, gpus)
     model = estimate(recipe.model.name)
     bare = mem.gpu_memory(model, recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus).peak
@@ -274,12 +284,44 @@ def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorker
     return AutoDecodeWorkers(count, f"{share.text}, less {words}{bound}")
 
 
+def auto_decoder(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int, share: CoreShare,
+                 rates: Optional[KernelRates] = None) -> AutoDecoder:
+    """`data.decoder: auto` on a GPU rank with `share` of its node's cores, from the measured
+    decode rates (data/footprint.py): pil where its decode processes (data.decode_workers, auto
+    resolved for `share`) keep up with the planned step: open_clip's pixels exactly; else hybrid,
+    where the GPU decodes a share of each chunk beside them. The step is planned as for pil, the
+    recipe's other `auto` values resolved as the trainer resolves them; no shard is opened."""
+    if recipe.data.host_batch == "decoded":
+        return AutoDecoder("pil", "data.host_batch=decoded: the data workers decode, with PIL")
+    pil = with_decode_workers(recipe_with(recipe, "data", decoder="pil"), share)
+    pil = _without_auto(pil, gpus, gpu_memory_bytes, gpus_per_node)
+    model = estimate(recipe.model.name)
+    local = pil.local_batch(gpus)
+    time = step_time(model, pil, gpus, rates or KernelRates.load(), gpus_per_node, DEFAULT_NETWORK, None)
+    inputs = input_rate(pil, local, time.total, kept_pixel_rows(pil.data, local, model.image_size, pil.batch.chunk))
+    rate = (f"{inputs.workers} PIL processes decode {inputs.available:,.0f} samples/s of the {inputs.needed:,.0f} "
+            f"a {time.total:.1f} s step needs")
+    if not inputs.binds:
+        return AutoDecoder("pil", f"{rate}: they keep up, with open_clip's pixels exactly")
+    return AutoDecoder("hybrid", f"{rate}: the GPU decodes a share of each chunk beside them")
+
+
 def planned_cores(gpus: int, gpus_per_node: int, cores: Optional[int] = None) -> CoreShare:
     """A rank's share of a node's `cores` (ASSUMED_CORES_PER_GPU per rank where None), the
     node's ranks splitting them: what each rank of the launch will find (machine.rank_cores)."""
     ranks = min(gpus, gpus_per_node)
     return split_cores(ASSUMED_CORES_PER_GPU * ranks if cores is None else cores, ranks, "each rank's share",
                        "on a node")
+
+
+def with_decoder(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
+                 share: Optional[CoreShare] = None) -> Recipe:
+    """The recipe with `data.decoder: auto` resolved for `share` (default: planned_cores) on these
+    GPUs (unchanged otherwise)."""
+    if recipe.data.decoder != "auto":
+        return recipe
+    share = share or planned_cores(gpus, gpus_per_node)
+    return recipe_with(recipe, "data", decoder=auto_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node, share).name)
 
 
 def with_decode_workers(recipe: Recipe, share: CoreShare) -> Recipe:
@@ -312,19 +354,24 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     gets ``fits == False`` and a verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
-    decode_workers = None
-    if recipe.data.decode_workers == "auto":  # what each rank will choose (training/resolve.py)
-        decode_workers = auto_decode_workers(recipe.data, planned_cores(gpus, gpus_per_node, cores))
+    rates = rates or KernelRates.load()
+    share = planned_cores(gpus, gpus_per_node, cores)
+    decoder = decode_workers = None
+    if recipe.data.decoder == "auto":  # what each rank will choose (training/resolve.py), first: the
+        # decode processes count the GPU decoder's lane thread
+        decoder = auto_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node, share, rates)
+        recipe = recipe_with(recipe, "data", decoder=decoder.name)
+    if recipe.data.decode_workers == "auto":
+        decode_workers = auto_decode_workers(recipe.data, share)
         recipe = recipe_with(recipe, "data", decode_workers=decode_workers.count)
     recipe = _without_auto(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # what the trainer will choose
-    rates = rates or KernelRates.load()
     assumed = host_memory_bytes is None
     host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
     probe = functools.partial(assess, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
                               host_memory_bytes=host_memory_bytes, rates=rates, encoder_tflops=encoder_tflops,
                               network=network, max_step_s=max_step_s)
     plan = dataclasses.replace(probe(recipe, gpus), host_memory_assumed=assumed, decode_workers=decode_workers,
-                               cores_assumed=cores is None)
+                               decoder=decoder, cores_assumed=cores is None)
     if plan.fits:
         advice = ()
         if not compile_supported(recipe.zero.stage) and recipe.zero.base_config is None:

@@ -57,6 +57,13 @@ def _decode_workers_line(plan: Plan, cores_note: str = "") -> str:
     return f"\n  data.decode_workers=auto: {chosen.count} per rank ({chosen.why}{'; ' + note if note else ''})"
 
 
+def _decoder_line(plan: Plan) -> str:
+    """What `data.decoder: auto` becomes on the planned GPUs and why ("" where the recipe names one)."""
+    if plan.decoder is None or plan.recipe.data.host_batch == "decoded":
+        return ""
+    return f"\n  data.decoder=auto: {plan.decoder.name} ({plan.decoder.why})"
+
+
 def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> str:
     ranks = min(plan.gpus, plan.gpus_per_node)
     data = plan.recipe.data
@@ -74,7 +81,7 @@ def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> 
              f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
              f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "
              f"{pieces:,} samples prefetched by {data.workers} data workers) x {form}")
-    lines += _decode_workers_line(plan, cores_note)
+    lines += _decoder_line(plan) + _decode_workers_line(plan, cores_note)
     if plan.inputs is not None:
         rate = plan.inputs
         kept = plan.gpu.components.get(mem.PIXELS_KEPT, 0) // (3 * plan.model.image_size ** 2)

@@ -12,8 +12,8 @@ from ..data.footprint import gpu_decode_share
 from ..data.nvimgcodec_decode import nvimgcodec_module
 from ..plan.refusal import PlanError
 from ..plan.machine import CoreShare, rank_cores
-from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, auto_chunk, auto_decode_workers, auto_keep_gib,
-                         recipe_with, with_decode_workers)
+from ..plan.plan import (AUTO_CHUNK_CPU, AUTO_KEEP_CPU_GIB, AutoDecoder, auto_chunk, auto_decode_workers,
+                         auto_decoder, auto_keep_gib, recipe_with, with_decode_workers)
 
 
 def _gpu_memory_and_count(device: torch.device):
@@ -40,6 +40,27 @@ def check_float8(recipe: Recipe, device: torch.device) -> None:
     unavailable = float8_unavailable(recipe.model.float8, device)
     if unavailable:
         raise RecipeError(f"recipe: {unavailable}")
+
+
+def resolve_auto_decoder(recipe: Recipe, world: int, device: torch.device, rank: Optional[int] = None) -> Recipe:
+    """The recipe with `data.decoder: auto` replaced by this rank's choice: pil on a CPU rank; on
+    a GPU the planner's (plan.auto_decoder: pil where the decode processes of this rank's share of
+    the node keep up with its planned step, else hybrid), said once, by rank 0. Before the chunk
+    is planned: hybrid's GPU window counts in its peak. Ranks may differ (each decodes its own
+    rows); the trainer saves the choice with the run's recipe."""
+    if recipe.data.decoder != "auto":
+        return recipe
+    if device.type != "cuda":
+        chosen = AutoDecoder("pil", "no GPU on this rank")
+    else:
+        check_world(recipe, world)
+        try:
+            chosen = auto_decoder(recipe, world, *_gpu_memory_and_count(device), _rank_share(device))
+        except PlanError as err:
+            raise RecipeError(f"recipe: {err}; set data.decoder") from err
+    if _is_rank_zero(rank):
+        print(f"data.decoder=auto: {chosen.name} ({chosen.why})", file=sys.stderr, flush=True)
+    return recipe_with(recipe, "data", decoder=chosen.name)
 
 
 def resolve_auto_chunk(recipe: Recipe, world: int, device: torch.device, rank: int) -> Recipe:
@@ -124,9 +145,10 @@ def resolve_decoder(recipe: Recipe, device: torch.device) -> Recipe:
 
 def resolve_data(recipe: Recipe, world: int, device: torch.device, rank: Optional[int] = None) -> Recipe:
     """The data section's `auto` values for this rank (the recipe saved with the run keeps them:
-    a resume resolves them again, on its own node). data.decode_workers first: the kept chunks
-    and hybrid's GPU share are planned with it."""
-    recipe = resolve_decode_workers(recipe, device, rank)
+    a resume resolves them again, on its own node). data.decoder first (the trainer has resolved
+    it already, before the chunk), then data.decode_workers: the kept chunks and hybrid's GPU
+    share are planned with them."""
+    recipe = resolve_decode_workers(resolve_auto_decoder(recipe, world, device, rank), device, rank)
     return resolve_decoder(resolve_auto_keep(recipe, world, device), device)
 
 

@@ -33,7 +33,7 @@ from .metrics import MetricsLogger, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
-from .resolve import check_decoder, check_float8, resolve_auto_chunk, resolve_data
+from .resolve import check_decoder, check_float8, resolve_auto_chunk, resolve_auto_decoder, resolve_data
 from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
 
@@ -56,6 +56,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # The same on every rank of a uniform job: before any collective.
         check_float8(recipe, self.device)
+        recipe = resolve_auto_decoder(recipe, self.world, self.device, self.rank)
         check_decoder(recipe, self.device)
         share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"

@@ -132,27 +132,30 @@ def test_the_recipe_default_is_auto_and_numbers_still_work():
 
 # -- the planner --------------------------------------------------------------------------------
 
+PIL = ["--set", "data.decoder=pil"]  # the tiny model's steps are too short for PIL: auto would add the GPU
+
+
 def test_the_plan_says_what_auto_becomes_and_why(capsys, monkeypatch):
     from test_plan_machine import CPU_NODE, H200_NODE
     monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
-    assert plan_main(["--config", TINY, "--gpus", "8", "--cores", "128", "--set", "batch.chunk=64"]) == 0
+    assert plan_main(["--config", TINY, "--gpus", "8", "--cores", "128", "--set", "batch.chunk=64", *PIL]) == 0
     out = capsys.readouterr().out
     assert ("  data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 128 on a node / 8 ranks, less "
             "the training process and 1 reader)\n") in out
     assert "available from 14 decode processes" in out  # the decoding line counts the resolved number
-    assert plan_main(["--config", TINY, "--gpus", "2"]) == 0  # no GPU here: assumed, and said
+    assert plan_main(["--config", TINY, "--gpus", "2", *PIL]) == 0  # no GPU here: assumed, and said
     assert ("data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 32 on a node / 2 ranks, less the "
             "training process and 1 reader; assumed 16 cores per GPU: this node has no GPU; pass --cores)"
             ) in capsys.readouterr().out
     monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: H200_NODE)
-    assert plan_main(["--config", TINY, "--gpus", "2"]) == 0
+    assert plan_main(["--config", TINY, "--gpus", "2", *PIL]) == 0
     assert ("data.decode_workers=auto: 14 per rank (16 cores of each rank's share, 32 on a node / 2 ranks, less the "
             "training process and 1 reader; read from this node)") in capsys.readouterr().out
-    assert plan_main(["--config", TINY, "--gpus", "2", "--set", "data.decode_workers=3"]) == 0
+    assert plan_main(["--config", TINY, "--gpus", "2", "--set", "data.decode_workers=3", *PIL]) == 0
     out = capsys.readouterr().out
     assert "data.decode_workers=auto" not in out and "available from 3 decode processes" in out
     # make_plan without cores: the same assumption, marked.
-    plan = make_plan(load_recipe(TINY), 2, 80 * GIB)
+    plan = make_plan(load_recipe(TINY, ["data.decoder=pil"]), 2, 80 * GIB)
     assert plan.recipe.data.decode_workers == plan.decode_workers.count == 14 and plan.cores_assumed
 
 
@@ -161,7 +164,8 @@ def test_the_plan_says_what_auto_becomes_and_why(capsys, monkeypatch):
 def test_each_rank_resolves_it_at_start_up_and_its_data_starts_that_many(node, capsys):
     from open_clip.tokenizer import SimpleTokenizer
     node(3, ranks=1)
-    recipe = load_recipe(None, ["data.workers=0", "batch.global=8", "batch.chunk=8", "data.synthetic_size=16"])
+    recipe = load_recipe(None, ["data.workers=0", "batch.global=8", "batch.chunk=8", "data.synthetic_size=16",
+                                "data.decoder=pil"])
     with pytest.raises(DataError, match="data.decode_workers=auto is resolved by the trainer"):
         build_train_data(recipe.data, rank=0, world_size=1, local_batch=8, seed=0, image_size=8,
                          tokenizer=SimpleTokenizer(context_length=8))

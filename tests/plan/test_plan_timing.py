@@ -150,7 +150,7 @@ def test_decodes_follow_the_engines_passes():
     from infcl_ds.engine.step import engine_passes
     from infcl_ds.plan.timing import input_rate
     base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024",
-            "data.decode_workers=14"]  # a number, as make_plan hands it on
+            "data.decode_workers=14", "data.decoder=pil"]  # resolved, as make_plan hands them on
     chunked = load_recipe(None, [*base, "batch.chunk=256"])
     assert input_rate(chunked, 1024, 1.0, kept_rows=512).needed == 2 * 1024 - 512
     one = load_recipe(None, [*base, "batch.chunk=1024"])
