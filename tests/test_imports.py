@@ -9,14 +9,7 @@ import ast
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "infcl_ds"
-
-# Cycles not untangled yet, each as the modules of one strongly connected part of the graph.
-# A cycle not listed fails, and so does an entry here once its cycle is gone (remove it then).
-KNOWN_CYCLES = {
-}
 
 # From the bottom up: a module imports only from its own layer and those below it.
 LAYERS = [("infcl_ds.ops",), ("infcl_ds.parallel",), ("infcl_ds.losses",), ("infcl_ds.engine",),
@@ -153,15 +146,10 @@ def test_the_graph_sees_relative_nested_and_submodule_imports(tmp_path):
     assert one_cycle(graph, cyclic_parts(graph)[0]) == "pkg.a -> pkg.sub.b -> pkg.a"
 
 
-def test_no_import_cycle_but_the_known_ones():
+def test_no_import_cycle():
     graph = import_graph()
-    new = [one_cycle(graph, part) for part in cyclic_parts(graph) if part not in KNOWN_CYCLES]
-    assert not new, "import cycles: " + "; ".join(new)
-
-
-@pytest.mark.parametrize("part", sorted(KNOWN_CYCLES, key=sorted), ids=lambda part: min(part))
-def test_each_known_cycle_is_still_there(part):
-    assert part in cyclic_parts(import_graph()), f"no longer a cycle: remove {sorted(part)} from KNOWN_CYCLES"
+    cycles = [one_cycle(graph, part) for part in cyclic_parts(graph)]
+    assert not cycles, "import cycles: " + "; ".join(cycles)
 
 
 def test_no_layer_imports_a_higher_one():
