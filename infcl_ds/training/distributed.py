@@ -155,7 +155,7 @@ def leave_distributed() -> None:
 
     Without the teardown a gloo rank can abort as its interpreter exits (SIGABRT, "terminate
     called without an active exception": the group's worker threads still hold finished work
-    when the interpreter goes; pytorch/pytorch#190489), and the launcher then reports a run that
+    when the interpreter goes, a known PyTorch behaviour), and the launcher then reports a run that
     finished as failed and kills the ranks still writing. The barrier first: no rank tears its
     end down while a peer may still send to it. Only after success: with a peer gone, the
     barrier fails within the collective timeout (exit 3), where a teardown would wait on it."""

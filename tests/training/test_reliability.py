@@ -216,7 +216,7 @@ def _leave(rank, world):
 
 def test_a_finished_rank_tears_its_process_group_down():
     # Left to the interpreter's exit, a gloo rank aborts now and then ("terminate called without
-    # an active exception", pytorch/pytorch#190489): 8 of 160 exits of 4-rank jobs on this
+    # an active exception", without destroy_process_group): 8 of 160 exits of 4-rank jobs on this
     # 2-core machine, none with the teardown. infcl_ds/train.py leaves the job this way.
     assert run_ranks(_leave, 2) == {0: (True, False), 1: (True, False)}
     import inspect
