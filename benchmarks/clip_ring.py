@@ -19,7 +19,8 @@ from infcl_ds import contrastive_loss
 from infcl_ds.training.distributed import leave_distributed
 from .clip import FLOPS_PER_B2D, make_inputs
 from .common import free_port, join_ranks, parse_sizes, run_identity
-from .harness import DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row
+from .harness import (DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row,
+                      same_work_rows)
 from tests.reference import clip_loss_reference
 
 
@@ -46,20 +47,15 @@ def _check(rank, world, device):
 def _single_gpu_rows(rows, args, device, group, ident):
     """This code on one GPU (a group of one rank) at the ring's per-GPU work, beside each
     measured ring row: global B / sqrt(W) samples; the ring's weak-scaling efficiency."""
-    world = args.world
-    for r in [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]:
-        b1 = int(r["B"] / math.sqrt(world)) // 256 * 256
+    def measure_one(r):
+        b1 = int(r["B"] / math.sqrt(args.world)) // 256 * 256
         one = loss_row("infcl_ds_1gpu", b1, r["D"], args.dtype, 1, FLOPS_PER_B2D, same_work_as_B=r["B"], **ident)
         # Timed once, without a warm-up, when its time at the ring's rate is long.
         long = FLOPS_PER_B2D * b1 * b1 * r["D"] / (r["tflops_eff"] * 1e12) > args.long_row_seconds
-        run_row(one, lambda i, t, s: contrastive_loss(i, t, s, group=group, allow_tf32=True),
-                lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=1 if long else args.reps,
-                warm_up=not long)
-        note = ""
-        if one["status"] == "measured":
-            r["weak_scaling_efficiency"] = r["tflops_eff"] / one["tflops_eff"]
-            note = f"-> ring efficiency at B={r['B']} D={r['D']}: {r['weak_scaling_efficiency']:.3f}"
-        add_row(rows, one, args.out, args.meta, note=note)
+        return run_row(one, lambda i, t, s: contrastive_loss(i, t, s, group=group, allow_tf32=True),
+                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=1 if long else args.reps,
+                       warm_up=not long)
+    same_work_rows(rows, measure_one, args.out, args.meta, key="weak_scaling_efficiency")
 
 
 def _worker(rank, world, args, port, ident):

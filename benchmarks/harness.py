@@ -188,6 +188,20 @@ def add_row(rows: List[dict], row: dict, out: str, meta: dict, rank: int = 0, no
         write_rows(Path(out), rows, meta)
 
 
+def same_work_rows(rows: List[dict], measure_one: Callable[[dict], dict], out: str, meta: dict,
+                   key: str = "efficiency") -> None:
+    """Beside each measured ring row of this code, ``measure_one(ring_row)``: this code on one
+    GPU at the ring row's work per GPU (global B / sqrt(W) samples), measured; the ring row
+    gets ``key``, its weak-scaling efficiency (rate per GPU over the one GPU's rate)."""
+    for ring_row in [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]:
+        one = measure_one(ring_row)
+        note = ""
+        if one["status"] == "measured":
+            ring_row[key] = ring_row["tflops_eff"] / one["tflops_eff"]
+            note = f"-> ring efficiency at B={ring_row['B']} D={ring_row['D']}: {ring_row[key]:.3f}"
+        add_row(rows, one, out, meta, note=note)
+
+
 # -- the float64 self-check --------------------------------------------------------------------
 
 def tolerance(dtype: str) -> float:

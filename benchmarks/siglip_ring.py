@@ -17,7 +17,7 @@ import torch
 from infcl_ds.training.distributed import leave_distributed
 
 from .common import free_port, join_ranks, parse_sizes, run_identity
-from .harness import DTYPES, add_row, require_passed, ring_check, run_row
+from .harness import DTYPES, add_row, require_passed, ring_check, run_row, same_work_rows
 from tests.reference import siglip_loss_reference
 from .siglip import FLOPS_PER_B2D, infcl_ds_loss, make_inputs, siglip_row
 
@@ -38,19 +38,15 @@ def _single_gpu_rows(rows, args, meta, device, group):
     """This code on one GPU (a group of one rank) at each measured ring row's work per GPU:
     global B / sqrt(W) samples; the ring's weak-scaling efficiency beside it."""
     from infcl_ds.losses import sigmoid_loss
-    world = meta["world"]
-    for r in [r for r in rows if r["impl"] == "infcl_ds" and r.get("status") == "measured"]:
-        b1 = max(1, round(r["B"] / math.sqrt(world)))  # the same 6 B^2 D / W work as the ring row
+
+    def measure_one(r):
+        b1 = max(1, round(r["B"] / math.sqrt(meta["world"])))  # the same 6 B^2 D / W work as the ring row
         one = siglip_row("infcl_ds_1gpu", b1, r["D"], args.dtype, 1, same_work_as_B=r["B"],
                          **{k: meta[k] for k in ("device", "torch", "triton", "commit")})
-        run_row(one, lambda i, t, s, b: sigmoid_loss(i, t, s, b, group=group, allow_tf32=True),
-                lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=args.reps,
-                long_row_ms=args.long_row_seconds * 1e3)
-        note = ""
-        if one["status"] == "measured":
-            r["efficiency"] = r["tflops_eff"] / one["tflops_eff"]
-            note = f"-> ring efficiency at B={r['B']} D={r['D']}: {r['efficiency']:.3f}"
-        add_row(rows, one, args.out, meta, note=note)
+        return run_row(one, lambda i, t, s, b: sigmoid_loss(i, t, s, b, group=group, allow_tf32=True),
+                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=args.reps,
+                       long_row_ms=args.long_row_seconds * 1e3)
+    same_work_rows(rows, measure_one, args.out, meta)
 
 
 def _worker(rank, world, args, port, ident):
