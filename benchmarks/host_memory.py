@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 from infcl_ds.plan.command import parse_size
 from infcl_ds.plan.memory import GIB
@@ -65,9 +66,13 @@ class MemorySampler(threading.Thread):
                 pass
         return rss, pss
 
-    def _sample(self) -> tuple:
+    def _sample(self) -> Optional[tuple]:
+        """None once the tree is gone (its root has exited, before the caller sees it end): such
+        a sample is not one of the run's."""
         vm = self.psutil.virtual_memory()
         rss, pss = self._tree()
+        if not rss:
+            return None
         return vm.total - vm.available - self.baseline, rss, getattr(vm, "shared", 0), vm.total, pss
 
     def _point(self, seconds: float, span: tuple) -> None:
@@ -78,6 +83,8 @@ class MemorySampler(threading.Thread):
         span = None  # the largest of each figure since the last timeline point
         while not self.done.wait(self.period_s):
             sample = self._sample()
+            if sample is None:
+                continue
             self.peak_used, self.peak_tree_rss = max(self.peak_used, sample[0]), max(self.peak_tree_rss, sample[1])
             self.peak_tree_pss = max(self.peak_tree_pss, sample[4])
             span = sample if span is None else tuple(map(max, span, sample))

@@ -243,7 +243,7 @@ def sampler_class():
                     pass
             return rss, pss
 
-        def _sample(self) -> tuple:
+        def _sample(self) -> Optional[tuple]:
             self._note_ranks()
             if self.gpus:
                 for index, mib in nvidia_smi_used().items():

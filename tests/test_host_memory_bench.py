@@ -59,3 +59,20 @@ def test_host_memory_rows_for_both_forms_and_a_resume(tmp_path):
     encoded = next(r for r in resumed["rows"] if r["host_batch"] == "encoded" and r["B"] == 64)
     assert "resume" not in resumed["rows"][0]  # the other batch's row is not the one resumed
     assert encoded["resume"]["steps"] == [3] and encoded["resume"]["first_step_after_resume"] == 3
+
+
+def test_the_sampler_keeps_no_point_from_after_the_tree_exited():
+    """Samples taken after the process exited, before its waiter sets `done`, are not the run's:
+    no timeline point of zero resident memory at the end."""
+    import time
+
+    from benchmarks.host_memory import MemorySampler
+    proc = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50_000_000); time.sleep(1.0)"])
+    sampler = MemorySampler(proc.pid, period_s=0.05, timeline_s=0.2)
+    sampler.start()
+    proc.wait()
+    time.sleep(0.6)  # samples of the exited tree: three timeline periods
+    sampler.done.set()
+    sampler.join()
+    assert sampler.timeline and all(point[2] > 0 for point in sampler.timeline), sampler.timeline
+    assert sampler.peak_tree_rss > 50_000_000
