@@ -10,7 +10,8 @@
 # Runs: deepspeed [launcher flags] --module infcl_ds.train --config RECIPE [--set ...] [--resume ... | --restart]
 # With a hostfile, ./.deepspeed_env (DeepSpeed reads it from the working directory) gets
 # this shell's NCCL_*, GLOO_*, TORCH_*, TRITON_*, PYTHONPATH, PYTORCH_CUDA_ALLOC_CONF,
-# OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT and the names in INFCL_FORWARD_ENV, for
+# OMP_NUM_THREADS, DS_ACCELERATOR, DEEPSPEED_TIMEOUT, INFCL_DS_HOST_MEMORY (--host-memory: the
+# planner's and every rank's node memory) and the names in INFCL_FORWARD_ENV, for
 # the other nodes; the file's other lines (the user's own) are kept. A recipe the planner refuses is not launched (exit 1 or 2); --no-plan skips
 # it. See docs/multi-node.md.
 set -euo pipefail
@@ -27,7 +28,9 @@ while [ $# -gt 0 ]; do
     --include|--exclude|--num_nodes|--num_gpus) launcher+=("$1" "$2"); world+=("$1" "$2"); shift 2 ;;
     --master_addr|--master_port|--node_rank|--ssh_port|--enable_each_rank_log) launcher+=("$1" "$2"); shift 2 ;;
     --no_ssh) launcher+=("$1"); shift ;;
-    --gpu-memory|--host-memory|--cores) planner+=("$1" "$2"); shift 2 ;;
+    --gpu-memory|--cores) planner+=("$1" "$2"); shift 2 ;;
+    # the node's memory for the planner and for every rank's own plan (plan/machine.py)
+    --host-memory) planner+=("$1" "$2"); export INFCL_DS_HOST_MEMORY=$2; shift 2 ;;
     --set) trainer+=("$1" "$2"); planner+=("$1" "$2"); trainer_sets+=("$1" "$2"); shift 2 ;;
     --resume) trainer+=("$1" "$2"); shift 2 ;;
     --restart) trainer+=("$1"); shift ;;
@@ -66,7 +69,8 @@ fi
 
 if [ -n "$hostfile" ]; then
   forward=$(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_|TRITON_)' || true)
-  forward+=" PYTHONPATH PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS DS_ACCELERATOR DEEPSPEED_TIMEOUT ${INFCL_FORWARD_ENV:-}"
+  forward+=" PYTHONPATH PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS DS_ACCELERATOR DEEPSPEED_TIMEOUT INFCL_DS_HOST_MEMORY"
+  forward+=" ${INFCL_FORWARD_ENV:-}"
   next_env=$(mktemp .deepspeed_env.XXXXXX)
   # Keep the user's lines for names this script does not set; then ours.
   if [ -f .deepspeed_env ]; then

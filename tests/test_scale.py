@@ -41,3 +41,26 @@ def test_two_nodes_train_the_one_node_losses_and_write_each_file_once(tmp_path):
     assert written["passed"] and written["lock_written_by_rank0"] and written["same_files_as_one_node"], written
     assert written["rank_files"]["0"] and written["rank_files"]["1"]
     assert out.with_suffix(".png").is_file()
+
+
+def test_four_ranks_and_their_last_checkpoint_resumed_on_two(tmp_path):
+    """The four-GPU parts' machinery on four gloo ranks: the 1M part (here 256 samples) and its
+    last checkpoint resumed by two ranks for one step, each row with the planner's figures beside
+    the measured ones, the checks the targets name, the decode processes' own rate, and
+    `resumed_from_world` on the resume's row."""
+    out, work = tmp_path / "scale.json", tmp_path / "work"
+    command = [sys.executable, "-m", "benchmarks.scale", "four-gpu-1m", "resume-two-gpu-1m", "--accelerator", "cpu",
+               "--out", str(out), "--work", str(work), "--shards", str(tmp_path / "shards")]
+    proc = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    rows = {r["part"]: r for r in json.loads(out.read_text())["rows"]}
+    run, resume = rows["four-gpu-1m"], rows["resume-two-gpu-1m"]
+    for row in (run, resume):
+        assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+        assert row["B"] == 256 and row["plan_step_s"] > 0 and row["plan_host_gib"] > 0
+        assert {"decode_wait_5pct", "step_within_10pct", "host_within_10pct"} <= set(row["checks"])
+    assert run["world"] == 4 and run["steps"] == [1, 2, 3] and run["checks"]["steady_steps_2"]
+    assert run["decode_rows_per_process_s"] > 0  # the pool's own rate, from metrics.csv
+    assert resume["world"] == 2 and resume["resumed_from_world"] == 4 and resume["steps"] == [4]
+    assert resume["checks"]["resumed"] and resume["resumes"].startswith("four-gpu-1m's run (4 GPUs")
+    assert len(resume["loss"]) == 1 and resume["loss"][0] > 0

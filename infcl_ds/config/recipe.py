@@ -166,14 +166,14 @@ class DataSection(Section):
     host_batch: Literal["encoded", "decoded"] = "encoded"  # encoded: images held as stored, decoded per chunk
     # encoded: decode processes per rank (0: decode in the training process). auto: the cores of
     # this rank's share of the node less those its other work keeps busy, resolved per rank at
-    # start-up (plan.auto_decode_workers; training/resolve.py).
+    # start-up (plan/auto_values.py).
     decode_workers: Union[Literal["auto"], Count(0, MAX_PROCESSES)] = "auto"
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
     # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md). auto:
     # resolved per rank at start-up from the measured decode rates: pil where the rank's decode
-    # processes keep up with its planned step (and on a CPU rank), else hybrid (plan.auto_decoder).
+    # processes keep up with its planned step (and on a CPU rank), else hybrid (plan/auto_values.py).
     # Not the default until a GPU run measures it (PNG shards, which the GPU decoder hands to PIL
     # in its one thread, are not told apart yet).
     decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
@@ -186,11 +186,21 @@ class DataSection(Section):
     gpu_decode_share: Union[Literal["auto"], Fraction] = "auto"
     # encoded: GPU memory keeping the first pass's decoded chunks for the grad pass (those are
     # decoded once per step, not twice). auto: as much of the local batch as the planner finds
-    # room for beside the chunk (plan.auto_keep_gib); 0: decode in both passes.
+    # room for beside the chunk (plan/auto_values.py); 0: decode in both passes.
     keep_decoded_gib: Union[Literal["auto"], Annotated[Float, Field(ge=0, le=MAX_GIB)]] = "auto"
-    # encoded: host memory per rank for decoded rows waiting to be used (the decode pool's window,
-    # at most a local batch): the pool decodes ahead, across passes and steps, until it is full.
-    decode_window_gib: Annotated[Float, Field(gt=0, le=MAX_GIB)] = 4.0
+    # encoded, pil and torchvision: host memory per rank keeping the first pass's decoded rows that
+    # the GPU does not keep (the chunks right after those), in the decode pool's window, for the
+    # grad pass: decoded once per step, not twice. auto: every such row, where the node's memory
+    # allows (plan/auto_values.py); 0: decode them again. Not with the GPU decoders (nvjpeg, hybrid).
+    keep_decoded_host_gib: Union[Literal["auto"], Annotated[Float, Field(ge=0, le=MAX_GIB)]] = "auto"
+    # encoded: host memory per rank for rows the decode processes have decoded and the engine has
+    # not taken yet (the pool's window): the pool decodes ahead, across passes and steps, until it
+    # is full. auto: the smallest window with which the pool decodes through the whole step, from
+    # the planned step and the measured decode rates, within the node's memory (plan/auto_values.py).
+    decode_window_gib: Union[Literal["auto"], Annotated[Float, Field(gt=0, le=MAX_GIB)]] = "auto"
+    # encoded, nvjpeg and hybrid: GPU memory per rank for rows the GPU decoder has decoded ahead of
+    # the engine (its lane's window, data/device_lane.py).
+    gpu_decode_window_gib: Annotated[Float, Field(gt=0, le=MAX_GIB)] = 4.0
     # encoded: mean stored bytes per image, for the planner (default: measured from the shards
     # where readable)
     image_bytes: Optional[Count(1, MAX_IMAGE_BYTES)] = None
@@ -217,12 +227,21 @@ class DataSection(Section):
             raise ValueError(f"data.train is required for data.source={self.source}")
         return self
 
+    @model_validator(mode="after")
+    def _host_keep_for_the_processes(self):
+        # The GPU decoder's rows are on the device: the pool's window cannot keep them.
+        if self.decoder in ("nvjpeg", "hybrid") and self.keep_decoded_host_gib not in ("auto", 0):
+            raise ValueError(f"data.keep_decoded_host_gib keeps rows the decode processes decoded, and "
+                             f"data.decoder={self.decoder} decodes on the GPU: set it to 0 or auto")
+        return self
+
 
 class BatchSection(Section):
     # YAML spells the global batch `global` (a Python keyword, hence the field's name).
     global_size: Count(1, MAX_SAMPLES) = Field(512, alias="global")  # the contrastive batch across all ranks
     # Samples encoded at once (activation memory); auto: the largest power of two (at most
-    # 2048) whose planned peak fits 90% of this GPU's memory (plan/plan.py: auto_chunk).
+    # 2048) whose planned peak fits 90% of this GPU's memory, the one that keeps the most decoded
+    # rows where that makes the step shorter (plan/auto_values.py).
     chunk: Union[Count(1, MAX_SAMPLES), Literal["auto"]] = 64
     offload_features: bool = False               # cached features in pinned host memory
 

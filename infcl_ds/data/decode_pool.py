@@ -72,27 +72,31 @@ def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
         if task is None:
             return
         slot, request = task
+        started = time.perf_counter()
         try:
             _, pixels, source, replaced = pieces[request]
             arena[slot, :len(pixels)].copy_(pixels)
-            conn.send((slot, source.tolist(), replaced, None))
+            conn.send((slot, source.tolist(), replaced, None, time.perf_counter() - started))
         except Exception as err:  # noqa: BLE001 - the piece's error, raised in the rank
-            conn.send((slot, None, 0, str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}"))
+            error = str(err) if isinstance(err, DataError) else f"{type(err).__name__}: {err}"
+            conn.send((slot, None, 0, error, time.perf_counter() - started))
 
 
 class Decoded:
-    """A taken piece: `pixels` is a view of its slot, valid until `release`."""
+    """A taken piece: `pixels` is a view of its slot, valid until `release` of its last use."""
 
     def __init__(self, pool: "DecodePool", piece: Piece):
         self._pool = pool
         self._slot, source, self.replaced = piece.result
+        self._last = piece.uses == 0  # else the queue keeps it for another take (kept between passes)
         self.pixels = pool.arena[self._slot, :piece.hi - piece.lo]
         self.source = torch.tensor(source, dtype=torch.int64)
 
     def release(self, after: Optional["torch.cuda.Event"] = None) -> None:
         """The slot may take another piece (once `after`, a CUDA event recorded behind the copies
-        out of it, has completed)."""
-        self._pool._release(self._slot, after)
+        out of it, has completed), after the piece's last use."""
+        if self._last:
+            self._pool._release(self._slot, after)
 
 
 class DecodePool:
@@ -121,6 +125,9 @@ class DecodePool:
         context = multiprocessing.get_context("fork")
         self._conns, self._procs = [], []
         self._busy: List[Optional[Piece]] = []  # the piece each worker decodes (the dispatcher's alone)
+        # Rows the workers decoded and the seconds they spent on them (written by the dispatcher
+        # alone): the processes' own rate, whatever the engine asked of them (`rate`).
+        self.decoded_rows, self.decode_s = 0, 0.0
         for _ in range(workers):
             ours, theirs = context.Pipe(duplex=True)
             proc = context.Process(target=_worker_main, args=(pieces, theirs, self.arena, os.getpid()),
@@ -136,6 +143,11 @@ class DecodePool:
     @property
     def pids(self) -> List[int]:
         return [p.pid for p in self._procs]
+
+    def rate(self) -> tuple:
+        """(rows decoded, seconds the processes spent decoding them) since the pool started: their
+        quotient is one process's rate on this host (the planner's is measured elsewhere)."""
+        return self.decoded_rows, self.decode_s
 
     # -- the consumer's side ---------------------------------------------------------------
     def take(self, batch_id: int, lo: int, hi: int, pin: bool = False) -> Optional[Decoded]:
@@ -230,10 +242,12 @@ class DecodePool:
 
     def _receive(self, worker: int) -> None:
         try:
-            slot, source, replaced, error = self._conns[worker].recv()
+            slot, source, replaced, error, seconds = self._conns[worker].recv()
         except (EOFError, OSError):
             return  # it died: its sentinel reports it
         piece, self._busy[worker] = self._busy[worker], None
+        self.decoded_rows += piece.hi - piece.lo
+        self.decode_s += seconds
         if error is not None:
             self._free.append(slot)
             self.queue.failed(piece, DataError(error))

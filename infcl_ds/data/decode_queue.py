@@ -5,9 +5,11 @@ The process pool's dispatcher thread (decode_pool.py) and the GPU decoder's lane
 training loop takes them.
 
 A piece is announced, then decoding (a worker made its request and decodes it), then ready or
-failed; it is taken once. It is dropped, never decoded or never taken, when the consumer moves
-past it (a piece announced before the one it takes, or an earlier batch), when its batch is
-forgotten (collected) or announced again, or when the queue closes.
+failed; it is taken as many times as it was announced for (`uses`: 2 for rows kept decoded
+between the engine's passes; it stays ready, its pixels held, until the last). It is dropped,
+never decoded or never taken, when the consumer moves past it (a piece announced before the one
+it takes and not taken yet, or an earlier batch), when its batch is forgotten (collected) or
+announced again, or when the queue closes.
 
 A worker behind the queue is told three things, each optional:
 - `start()`: at the first announcement, so that its thread starts after every fork of the
@@ -20,7 +22,7 @@ A consumer waits DECODE_TIMEOUT_S at most for a piece; then the queue closes, an
 later call raises DecodeStopped naming why, in one line.
 """
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import DataError
@@ -37,14 +39,17 @@ class DecodeStopped(DataError):
 
 class Piece:
     """Rows [lo, hi) of a batch. `request()` makes its decode request (None once the batch is
-    gone); `result` is what the worker handed back, `error` what it raised."""
-    __slots__ = ("lo", "hi", "request", "state", "result", "error", "taken")
+    gone); `result` is what the worker handed back, `error` what it raised; `uses`, the takes it
+    has left (after a take: 0 on its last)."""
+    __slots__ = ("lo", "hi", "request", "state", "result", "error", "taken", "counted", "uses", "given")
 
-    def __init__(self, lo: int, hi: int, request: Callable):
+    def __init__(self, lo: int, hi: int, request: Callable, uses: int = 1):
         self.lo, self.hi, self.request = lo, hi, request
         self.state = ANNOUNCED
         self.result = self.error = None
-        self.taken = False  # a consumer waits for it: not matched again
+        self.taken = False  # a consumer waits for it: not matched again (until its next use)
+        self.counted = False  # its rows are in the queue's count of rows held (the window's)
+        self.uses, self.given = uses, 0  # takes left, takes so far
 
 
 class DecodeQueue:
@@ -60,6 +65,11 @@ class DecodeQueue:
         # Re-entrant (an RLock): a batch collected while this thread holds it calls forget().
         self._cond = threading.Condition()
         self._batches: "OrderedDict[int, List[Piece]]" = OrderedDict()
+        # What the worker's next request needs in constant time, however many pieces a local batch
+        # of millions of rows announces: the announced pieces in order (those no longer announced
+        # are skipped when met), and the rows decoding or ready (what the window counts).
+        self._pending: "deque[Piece]" = deque()
+        self._held_rows = 0
         self._started = False
         self._closed: Optional[str] = None
 
@@ -73,13 +83,16 @@ class DecodeQueue:
             return {batch: [(p.lo, p.hi, p.state) for p in pieces] for batch, pieces in self._batches.items()}
 
     # -- the consumer's side -------------------------------------------------------------------
-    def announce(self, batch_id: int, pieces: Sequence[Tuple[int, int, Callable]]) -> None:
-        """`pieces` ((lo, hi, make request), in the order they will be taken) of a batch; a batch
-        announced again drops what it had announced and not taken, and keeps its place."""
+    def announce(self, batch_id: int, pieces: Sequence[tuple]) -> None:
+        """`pieces` ((lo, hi, make request[, uses]), in the order they will be taken first) of a
+        batch; a batch announced again drops what it had announced and not taken, and keeps its
+        place."""
         with self._cond:
             self._check()
             self._drop(self._batches.get(batch_id, []))
-            self._batches[batch_id] = [Piece(lo, hi, request) for lo, hi, request in pieces]
+            self._batches[batch_id] = [Piece(*piece) for piece in pieces]
+            # A batch announced again keeps its place: the order is rebuilt (once a batch, a step).
+            self._pending = deque(p for batch in self._batches.values() for p in batch if p.state == ANNOUNCED)
             first, self._started = not self._started, True
             self._cond.notify_all()
         if first and self._start is not None:
@@ -109,8 +122,13 @@ class DecodeQueue:
                                           DECODE_TIMEOUT_S)
             pieces = self._batches.get(batch_id, [])
             if decoded and piece in pieces:
-                pieces.remove(piece)
-                self._cond.notify_all()  # its rows left the window
+                piece.uses, piece.given = piece.uses - 1, piece.given + 1
+                if piece.uses > 0 and piece.state == READY:  # taken again later: its pixels stay held
+                    piece.taken = False
+                else:
+                    pieces.remove(piece)
+                    self._count(piece, False)  # its rows left the window
+                self._cond.notify_all()
         if not decoded:  # dropped with the rest: its worker frees what holds it
             self.close(f"gave no decoded piece in {DECODE_TIMEOUT_S} s (a stalled decoder?)")
         self._check()
@@ -127,6 +145,7 @@ class DecodeQueue:
             for pieces in self._batches.values():
                 self._drop(pieces)
             self._batches.clear()
+            self._pending.clear()
             self._cond.notify_all()
         self._wake_worker()
 
@@ -142,12 +161,13 @@ class DecodeQueue:
                     piece = self._next()
                 if piece is None or self.closed:
                     return None
-                piece.state = DECODING
+                self._set(piece, DECODING)
             request = piece.request()  # outside the lock: it copies the piece's bytes
             if request is not None:
                 return piece, request
             with self._cond:  # its batch is gone (forget() is on its way)
-                piece.state = DROPPED
+                if piece.state == DECODING:
+                    self._set(piece, DROPPED)
                 self._cond.notify_all()
 
     def done(self, piece: Piece, result) -> bool:
@@ -156,7 +176,8 @@ class DecodeQueue:
         with self._cond:
             if piece.state != DECODING:
                 return False
-            piece.state, piece.result = READY, result
+            piece.result = result
+            self._set(piece, READY)
             self._cond.notify_all()
             return True
 
@@ -164,7 +185,8 @@ class DecodeQueue:
         """The worker could not decode `piece`: `error` is raised where it is taken."""
         with self._cond:
             if piece.state == DECODING:
-                piece.state, piece.error = FAILED, error
+                piece.error = error
+                self._set(piece, FAILED)
                 self._cond.notify_all()
 
     # -- under the lock ------------------------------------------------------------------------
@@ -180,28 +202,45 @@ class DecodeQueue:
             self._drop(self._batches.pop(earlier))
         pieces = self._batches[batch_id]
         at = next((i for i, p in enumerate(pieces) if (p.lo, p.hi) == (lo, hi) and not p.taken), None)
-        if at is not None:
-            self._drop(pieces[:at])
-            del pieces[:at]
-            pieces[0].taken = True  # still announced: the worker's next piece
+        if at is None:
+            self._cond.notify_all()
+            return None
+        piece = pieces[at]
+        # The consumer is past the pieces before it that it never took; those taken before and
+        # wanted again stay.
+        passed = [p for p in pieces[:at] if not p.given]
+        self._drop(passed)
+        pieces[:at] = [p for p in pieces[:at] if p.given]
+        piece.taken = True  # still announced, or ready: the worker's next piece, or the consumer's
         self._cond.notify_all()
-        return None if at is None else pieces[0]
+        return piece
+
+    def _set(self, piece: Piece, state: str) -> None:
+        """The piece's new state; its rows count against the window while it decodes or waits."""
+        piece.state = state
+        self._count(piece, state in (DECODING, READY))
+
+    def _count(self, piece: Piece, held: bool) -> None:
+        if piece.counted != held:
+            piece.counted = held
+            self._held_rows += (piece.hi - piece.lo) * (1 if held else -1)
 
     def _drop(self, pieces: List[Piece]) -> None:
         for piece in pieces:
             if piece.state == READY and self._release is not None:
                 self._release(piece)
-            piece.state = DROPPED  # a decoding one: its worker frees it when it is done
+            self._set(piece, DROPPED)  # a decoding one: its worker frees it when it is done
 
     def _next(self) -> Optional[Piece]:
-        waiting = 0 if self._window is None else sum(
-            p.hi - p.lo for pieces in self._batches.values() for p in pieces if p.state in (DECODING, READY))
-        for pieces in self._batches.values():
-            for piece in pieces:
-                if piece.state == ANNOUNCED:
-                    fits = self._window is None or not waiting or waiting + piece.hi - piece.lo <= self._window
-                    return piece if fits else None
-        return None
+        """The earliest announced piece, taken off the pending order, if the window has room for it."""
+        while self._pending and self._pending[0].state != ANNOUNCED:
+            self._pending.popleft()  # decoding, dropped or gone since it was announced
+        if not self._pending:
+            return None
+        piece, held = self._pending[0], self._held_rows
+        if self._window is not None and held and held + piece.hi - piece.lo > self._window:
+            return None
+        return self._pending.popleft()
 
     def _wake_worker(self) -> None:
         if self._wake is not None:

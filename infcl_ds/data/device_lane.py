@@ -9,9 +9,9 @@ is hidden wherever the host has time between launches. Each result is a piece de
 lane's CUDA stream with an event behind it: the consumer's stream waits for the event, not the
 host (`handed_over`).
 
-At most `window_rows` decoded rows wait on the device (data.decode_window_gib times the GPU's
-share of each chunk; the planner counts them: plan/memory.py): enough, at the default, for the
-lane to decode most of the next local batch during a step's grad pass, as the pool does. Its
+At most `window_rows` decoded rows wait on the device (data.gpu_decode_window_gib,
+data/footprint.py's device_window_rows; the planner counts them: plan/memory.py), so that the lane
+decodes the next local batch's first rows during a step's grad pass, as the pool does. Its
 announced pieces wait in a DecodeQueue, as the pool's do (decode_queue.py).
 """
 import threading

@@ -13,6 +13,7 @@ bit-identical pixels: the same bytes, augmented under the same per-slot seed
 """
 import itertools
 import threading
+from collections import Counter
 import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -89,14 +90,15 @@ class ChunkDecoder:
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
       on `device`: both decode each chunk at once, each at its own rate.
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
-    and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py).
+    and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py); the GPU
+    decoder's lane holds up to `lane_window_rows` on the device (device_lane.py).
 
     The order the engine announced last, for batches of its size, is announced to each batch
     assembled after it; a batch assembled first waits for the engine's."""
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
                  image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None,
-                 gpu_jpeg_library: str = "torchvision"):
+                 gpu_jpeg_library: str = "torchvision", lane_window_rows: int = 0):
         if decoder not in DECODERS:
             raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
         # The processes' decoder, and the calling process's for a chunk nobody announced.
@@ -108,8 +110,7 @@ class ChunkDecoder:
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
                                 f"got {shown(gpu_share)}")
-            # The GPU's share of the window: what the planner counts on the device.
-            self.lane = DeviceLane(self.gpu.decode, self.gpu.device, int(window_rows * self.gpu_share))
+            self.lane = DeviceLane(self.gpu.decode, self.gpu.device, lane_window_rows)
         self.pool = None
         if workers > 0 and self.gpu_share < 1:
             if image_size is None:
@@ -131,23 +132,32 @@ class ChunkDecoder:
         cut = hi - gpu_rows
         return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
 
-    def pieces_in(self, passes, keep_rows: int) -> Tuple[List[Span], List[Span]]:
-        """The engine's `passes` as the processes' pieces and the device's rows, in the order
-        they will be taken; a chunk kept on the device between passes (within `keep_rows`) once."""
+    def pieces_in(self, passes, keep_rows: int, host_keep_rows: int = 0) -> Tuple[List[tuple], List[Span]]:
+        """The engine's `passes` as the processes' pieces ((lo, hi, uses)) and the device's rows,
+        in the order they are first taken; a chunk kept on the device between passes (within
+        `keep_rows`) once, and one the pool keeps for the next pass (the `host_keep_rows` after
+        those; only where the processes decode all its rows) once, taken as often as it is asked."""
+        asked = Counter((lo, hi) for chunks in passes for lo, hi in chunks)
         seen, pieces, on_device = set(), [], []
         for chunks in passes:
             for lo, hi in chunks:
-                if (lo, hi) in seen and hi <= keep_rows:
-                    continue  # served again from the device
+                if (lo, hi) in seen and hi <= keep_rows + (host_keep_rows if not self.gpu_share else 0):
+                    continue  # served again from the device, or from the pool's window
+                uses = asked[(lo, hi)] if keep_rows < hi <= keep_rows + host_keep_rows and not self.gpu_share else 1
                 seen.add((lo, hi))
                 cpu, gpu = self.split(lo, hi)
-                pieces += cpu
+                pieces += [(a, b, uses) for a, b in cpu]
                 on_device += [gpu] if gpu else []
         return pieces, on_device
 
     @property
     def pids(self) -> List[int]:
         return self.pool.pids if self.pool is not None else []
+
+    def pool_rate(self) -> tuple:
+        """(rows, seconds) the decode processes have spent decoding (DecodePool.rate); (0, 0.0)
+        without processes."""
+        return self.pool.rate() if self.pool is not None else (0, 0.0)
 
     def register(self, batch: "EncodedBatch") -> int:
         """A new batch: announced now with the engine's last order if it has the same rows,
@@ -175,7 +185,7 @@ class ChunkDecoder:
 
     def _announce(self, batch: "EncodedBatch", serial: int, passes) -> None:
         """`passes` announced to the queues for `batch`; the same pieces again keep what they decoded."""
-        announced = self.pieces_in(passes, batch.keep_rows)
+        announced = self.pieces_in(passes, batch.keep_rows, batch.host_keep_rows)
         with self._lock:
             if self._announced.get(serial) == announced:
                 return
@@ -184,9 +194,10 @@ class ChunkDecoder:
 
         def request(lo, hi):
             return lambda: None if ref() is None else ref().request(lo, hi)
-        for worker, spans in ((self.pool, announced[0]), (self.lane, announced[1])):
-            if worker is not None:
-                worker.queue.announce(serial, [(lo, hi, request(lo, hi)) for lo, hi in spans])
+        if self.pool is not None:
+            self.pool.queue.announce(serial, [(lo, hi, request(lo, hi), uses) for lo, hi, uses in announced[0]])
+        if self.lane is not None:
+            self.lane.queue.announce(serial, [(lo, hi, request(lo, hi)) for lo, hi in announced[1]])
 
     def _forget(self, serial: int) -> None:
         with self._lock:
@@ -227,7 +238,7 @@ class EncodedBatch:
     token ids and each row's slot index; `chunk(lo, hi, device, dtype)` as HostBatch's."""
 
     def __init__(self, pieces: Sequence[tuple], epoch: int, decoder: ChunkDecoder,
-                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, keep_rows: int = 0):
+                 mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, keep_rows: int = 0, host_keep_rows: int = 0):
         self._blobs = [piece[0] for piece in pieces]
         sizes = [piece[1] for piece in pieces]
         self.texts = torch.cat([piece[2] for piece in pieces])
@@ -241,6 +252,9 @@ class EncodedBatch:
         # Chunks within the first `keep_rows` rows stay decoded on their device from the first
         # pass to the second (data.keep_decoded_gib): decoded once per step instead of twice.
         self.keep_rows = keep_rows
+        # The chunks in the next `host_keep_rows` rows stay decoded in the decode pool's window
+        # between the passes (data.keep_decoded_host_gib): decoded once too, copied again.
+        self.host_keep_rows = host_keep_rows
         self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
         self._asked = set()           # chunks requested once already
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces

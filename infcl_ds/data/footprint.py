@@ -6,7 +6,7 @@ passes), the measured decode rates, and the GPU's share of each chunk under data
 Only `image_bytes_per_sample` reads files (the first shards' headers); nothing here builds a
 source or starts a process.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..config.recipe import DataSection
 from ..resources import read_json
@@ -62,12 +62,28 @@ def gpu_decode_share(data: DataSection) -> float:
     return data.gpu_decode_share
 
 
-def kept_rows(gib, image_size: int) -> int:
-    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib, data.decode_window_gib)."""
+def kept_rows(gib, image_size: int, key: str = "data.keep_decoded_gib") -> int:
+    """Rows whose decoded uint8 pixels fit in `gib` GiB (data.keep_decoded_gib, the decode windows);
+    `key` names the recipe key in the error for an unresolved `auto`."""
     if gib == "auto":
-        raise DataError("data.keep_decoded_gib=auto is resolved by the trainer (plan.auto_keep_gib) before "
-                        "the data is built: pass a number")
+        raise DataError(f"{key}=auto is resolved by the trainer (plan/auto_values.py) before the data is built: "
+                        "pass a number")
     return int(gib * 2 ** 30) // (3 * image_size ** 2)
+
+
+def pool_window_rows(data: DataSection, local: int, image_size: int) -> int:
+    """Rows the decode processes may hold decoded ahead of the engine (data.decode_window_gib): at
+    most two local batches, the one training and the next, the furthest the pool can decode."""
+    return min(2 * local, kept_rows(data.decode_window_gib, image_size, "data.decode_window_gib"))
+
+
+def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
+    """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
+    device (data.gpu_decode_window_gib; device_lane.py), at most its share of two local batches."""
+    share = gpu_decode_share(data)
+    if not share:
+        return 0
+    return min(2 * round(local * share), kept_rows(data.gpu_decode_window_gib, image_size))
 
 
 def image_bytes_per_sample(data: DataSection) -> Tuple[int, str]:
@@ -105,31 +121,38 @@ def input_samples_held(data: DataSection, local: int) -> int:
     return LOCAL_BATCHES_HELD * local + data.workers * WORKER_PREFETCH_FACTOR * min(data.worker_batch, local)
 
 
-def decode_pool_bytes(data: DataSection, local: int, image_size: int) -> int:
-    """The decode pool's window of decoded rows per rank (encoded host batches: the shared
-    memory its processes decode into, data.decode_window_gib, at most a local batch, at least
-    two pieces per process; decode_pool.py) and each process's own heap."""
-    if data.host_batch == "decoded":
+def has_pool(data: DataSection) -> bool:
+    """Whether decode processes decode the rank's rows (else the training process, the GPU, or
+    the data workers do)."""
+    return data.host_batch == "encoded" and bool(data.decode_workers) and data.decoder != "nvjpeg"
+
+
+def host_kept_rows(data: DataSection, local: int, image_size: int, chunk: Optional[int], gpu_kept: int) -> int:
+    """Rows of the local batch the decode pool keeps decoded from the first pass to the second
+    (data.keep_decoded_host_gib): whole chunks of `chunk` rows (None: as many rows as it holds)
+    right after the `gpu_kept` rows the GPU keeps; none without decode processes or with the GPU
+    decoders (their rows are on the device)."""
+    if not has_pool(data) or gpu_decode_share(data) > 0:
+        return 0
+    gpu_kept = min(gpu_kept, local)
+    rows = min(local - gpu_kept, kept_rows(data.keep_decoded_host_gib, image_size, "data.keep_decoded_host_gib"))
+    return rows if chunk is None or gpu_kept + rows >= local else rows - rows % chunk
+
+
+def decode_pool_bytes(data: DataSection, local: int, image_size: int, host_kept: int = 0) -> int:
+    """The decode pool's shared memory per rank (encoded host batches; decode_pool.py): the rows
+    its processes decode ahead (pool_window_rows) and the `host_kept` rows it keeps between the
+    passes, at least two pieces per process; and each process's own heap."""
+    if not has_pool(data):  # decoding in the training process or on the GPU: no window
         return 0
     workers = data.decode_workers
-    if not workers or data.decoder == "nvjpeg":  # decoding in the training process: no window
-        return 0
-    rows = min(local, kept_rows(data.decode_window_gib, image_size))
+    rows = pool_window_rows(data, local, image_size) + host_kept
     return window_slots(rows, workers) * DECODE_PIECE_ROWS * 3 * image_size ** 2 + workers * DECODE_WORKER_RESERVE
-
-
-def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
-    """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
-    device (data.decode_window_gib, at most a local batch, times gpu_decode_share; device_lane.py)."""
-    share = gpu_decode_share(data)
-    if not share:
-        return 0
-    return int(min(local, kept_rows(data.decode_window_gib, image_size)) * share)
 
 
 def kept_pixel_rows(data: DataSection, local: int, image_size: int, chunk: int) -> int:
     """Rows of the local batch decoded once per step (data.keep_decoded_gib, resolved when
-    auto: plan.auto_keep_gib): whole chunks of `chunk` rows, on the GPU between the passes."""
+    auto: plan/auto_values.py): whole chunks of `chunk` rows, on the GPU between the passes."""
     if data.host_batch == "decoded":
         return 0
     rows = min(local, kept_rows(data.keep_decoded_gib, image_size))

@@ -13,7 +13,7 @@ from ..config.recipe import DataSection
 from .batch import HostBatch
 from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .errors import DataError
-from .footprint import WORKER_PREFETCH_FACTOR, kept_rows
+from .footprint import WORKER_PREFETCH_FACTOR, device_window_rows, host_kept_rows, kept_rows, pool_window_rows
 from .pinned import pinned_empty
 from .sampler import SettableSampler, rank_batches, start_workers, steps_per_epoch, stop_workers
 from .samples import load_or_replace
@@ -61,14 +61,14 @@ class TrainData:
     def __init__(self, dataset, collate, *, rank: int, world_size: int,
                  local_batch: int, seed: int, drop_last: bool, workers: int, worker_batch: int,
                  mean=OPENAI_DATASET_MEAN, std=OPENAI_DATASET_STD, decoder: Optional[ChunkDecoder] = None,
-                 keep_rows: int = 0):
+                 keep_rows: int = 0, host_keep_rows: int = 0):
         if not 0 <= rank < world_size or local_batch <= 0 or worker_batch <= 0:
             raise DataError(f"bad layout: rank {rank}, world_size {world_size}, local_batch {local_batch}, "
                             f"worker_batch {worker_batch}")
         self.dataset = dataset
         # With a decoder the batches are EncodedBatch (images as stored, decoded per chunk);
         # without, HostBatch (decoded uint8 pixels).
-        self.decoder, self.keep_rows = decoder, keep_rows
+        self.decoder, self.keep_rows, self.host_keep_rows = decoder, keep_rows, host_keep_rows
         self.mean, self.std = tuple(mean), tuple(std)  # the model's normalisation, applied per chunk
         self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
         self.worker_batch = min(worker_batch, local_batch)
@@ -125,7 +125,8 @@ class TrainData:
         HostBatch.chunk's copies overlap compute): one copy of the batch, not two."""
         if self.decoder is not None:
             pieces = list(pieces)
-            return (EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std, self.keep_rows),
+            return (EncodedBatch(pieces, self.epoch, self.decoder, self.mean, self.std, self.keep_rows,
+                                 self.host_keep_rows),
                     sum(p[4] for p in pieces))
         images = texts = None
         row = skipped = 0
@@ -234,27 +235,31 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
     if data.host_batch == "encoded":
         dataset, collate = EncodedTrainDataset(source), EncodedCollate(tokenizer)
         if data.decoder == "auto":
-            raise DataError("data.decoder=auto is resolved by the trainer (plan.auto_decoder) before the data is "
+            raise DataError("data.decoder=auto is resolved by the trainer (plan/auto_values.py) before the data is "
                             "built: pass a decoder")
         if data.decode_workers == "auto":
-            raise DataError("data.decode_workers=auto is resolved by the trainer (plan.auto_decode_workers) before "
+            raise DataError("data.decode_workers=auto is resolved by the trainer (plan/auto_values.py) before "
                             "the data is built: pass a number")
         keep_rows = kept_rows(data.keep_decoded_gib, image_size)
-        window = min(local_batch, kept_rows(data.decode_window_gib, image_size))
+        # whole chunks as the planner resolves it; a given size keeps the whole chunks it covers
+        host_keep_rows = host_kept_rows(data, local_batch, image_size, None, keep_rows)
+        window = pool_window_rows(data, local_batch, image_size) + host_keep_rows
         if device is None and data.decoder in ("nvjpeg", "hybrid"):
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         if data.gpu_decode_share == "auto" and data.decoder == "hybrid":
-            raise DataError("data.gpu_decode_share=auto is resolved by the trainer (data.footprint.gpu_decode_share) "
+            raise DataError("data.gpu_decode_share=auto is resolved by the trainer (plan/auto_values.py) "
                             "before the data is built: pass a number")
         decoder = ChunkDecoder(transform, seed, data.decode_workers, data.decoder, device=device,
                                image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share,
-                               gpu_jpeg_library=data.gpu_jpeg_library)
+                               gpu_jpeg_library=data.gpu_jpeg_library,
+                               lane_window_rows=device_window_rows(data, local_batch, image_size))
     else:
-        dataset, collate, decoder, keep_rows = TrainDataset(source, transform, seed), Collate(tokenizer), None, 0
+        dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
+        keep_rows = host_keep_rows = 0
     try:
         return TrainData(dataset, collate, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                          drop_last=drop_last, workers=data.workers, worker_batch=data.worker_batch, mean=mean,
-                         std=std, decoder=decoder, keep_rows=keep_rows)
+                         std=std, decoder=decoder, keep_rows=keep_rows, host_keep_rows=host_keep_rows)
     except BaseException:
         if decoder is not None:  # its pool is already running
             decoder.close()

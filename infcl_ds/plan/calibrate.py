@@ -108,7 +108,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _encoder_entry(row: dict, where: str) -> dict:
     """An encoder_rates.json entry: a bench row's encode and re-encode seconds per GPU."""
-    return {"samples": row["local"], "encode_s": row["encode_s"], "reencode_s": row["reencode_s"], "source": where}
+    return {"samples": row["local"], "chunk": row["chunk"], "encode_s": row["encode_s"], "reencode_s": row["reencode_s"],
+            "source": where}
 
 
 def write_calibration(row: dict, meta: dict, fitted: dict, loss_path: Path, out: Path = CALIBRATION) -> None:

@@ -24,24 +24,22 @@ from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_num
 from ..config import RecipeError, load_recipe
 from .refusal import PlanError
 from .machine import Node, read_node
-from .plan import ASSUMED_CORES_PER_GPU, DEFAULT_HOST_MEMORY, make_plan
+from .machine import parse_size as machine_parse_size
+from .plan import DEFAULT_HOST_MEMORY, make_plan
+from .auto_values import ASSUMED_CORES_PER_GPU
 from .report import render_plan, render_scaling
 from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, ring_scaling_table
-
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
-          "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
 
 # An 80 GB H100/A100-class GPU when --gpu-memory is not given.
 ASSUMED_GPU_MEMORY = 80 << 30
 
 
 def parse_size(text: str) -> int:
-    """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024' (bytes)."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 80GiB, 141GB, 2TiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """machine.parse_size for argparse: '80GiB' -> 85899345920."""
+    try:
+        return machine_parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_count(text: str) -> int:

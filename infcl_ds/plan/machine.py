@@ -8,6 +8,7 @@ login node, a CPU machine) says nothing about the training nodes, and the planne
 there instead, saying so. Flags (`--gpu-memory`, `--host-memory`, `--cores`) always win.
 """
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -73,8 +74,31 @@ def _cgroup_limit(paths=_CGROUP_LIMITS) -> Optional[int]:
     return None
 
 
+# The node's memory where MemTotal is not it (a VM whose memory grows as it is used, a share of a
+# node): a size such as 500GiB. launch/train.sh --host-memory sets it for the ranks.
+HOST_MEMORY_ENV = "INFCL_DS_HOST_MEMORY"
+
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+          "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024' (bytes). ValueError otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 80GiB, 141GB, 2TiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
 def host_memory() -> tuple:
-    """(bytes, source) of the memory this node gives its processes."""
+    """(bytes, source) of the memory this node gives its processes: INFCL_DS_HOST_MEMORY where
+    set, else MemTotal or the cgroup's limit where lower."""
+    given = os.environ.get(HOST_MEMORY_ENV)
+    if given:
+        try:
+            return parse_size(given), HOST_MEMORY_ENV
+        except ValueError as err:
+            raise ValueError(f"{HOST_MEMORY_ENV}: {err}") from None
     total = _mem_total()
     limit = _cgroup_limit()
     if limit is not None and limit < total:

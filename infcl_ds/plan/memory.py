@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ..config import Recipe, build_deepspeed_config
-from ..data.footprint import (DEFAULT_IMAGE_BYTES, decode_pool_bytes, device_window_rows, input_samples_held,
-                              kept_pixel_rows, sample_host_bytes)
+from ..data.footprint import (DEFAULT_IMAGE_BYTES, decode_pool_bytes, device_window_rows, host_kept_rows,
+                              input_samples_held, kept_pixel_rows, sample_host_bytes)
 from ..engine.tower_footprint import ModelEstimate
 from ..ops.g_tiles import g_tile_bytes
 from ..parallel.ring_bytes import ring_loss_bytes_per_sample, single_device_loss_bytes_per_sample
@@ -195,7 +195,8 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
                 image_bytes: int = DEFAULT_IMAGE_BYTES) -> Dict[str, int]:
     """Bytes per node: every rank's local batches (inputs stay on the host, moved to the GPU
     one chunk at a time: decoded pixels, or the stored images with data.host_batch=encoded,
-    `image_bytes` each), the decode pool's window, the pinned cached features and their
+    `image_bytes` each), the decode pool's window and the rows it keeps between the passes, the
+    pinned cached features and their
     gradients with batch.offload_features (pinned blocks stay cached by torch once freed, so
     both count), and a reserve per rank."""
     ranks = min(world, gpus_per_node)
@@ -203,7 +204,10 @@ def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node:
     elem = DTYPE_BYTES[recipe.precision.dtype]
     offloaded = 2 * feature_bytes(local, model.embed_dim, elem) if recipe.batch.offload_features else 0
     held = input_samples_held(recipe.data, local)
-    return {INPUTS: ranks * held * sample_host_bytes(recipe.data, model.image_size, model.context_length, image_bytes),
-            DECODING: ranks * decode_pool_bytes(recipe.data, local, model.image_size),
+    data, chunk = recipe.data, recipe.batch.chunk
+    on_host = host_kept_rows(data, local, model.image_size, chunk,
+                             kept_pixel_rows(data, local, model.image_size, chunk)) if data.host_batch == "encoded" else 0
+    return {INPUTS: ranks * held * sample_host_bytes(data, model.image_size, model.context_length, image_bytes),
+            DECODING: ranks * decode_pool_bytes(data, local, model.image_size, on_host),
             OFFLOADED: ranks * offloaded,
             PROCESSES: ranks * HOST_RESERVE_PER_RANK}

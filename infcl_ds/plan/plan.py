@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
-from ..config.recipe import MAX_PROCESSES, DataSection, compile_supported
-from ..data.footprint import image_bytes_per_sample, kept_pixel_rows
-from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
+from ..config.recipe import compile_supported
+from ..data.footprint import hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
+from ..engine.tower_footprint import ModelEstimate
 from . import memory as mem
+from .overlap import seconds_text, window_needed
 from .refusal import PlanError
-from .machine import CoreShare, split_cores
-from .timing import DEFAULT_NETWORK, NETWORKS, InputRate, KernelRates, StepTime, input_rate, step_time
+from .auto_values import (AUTO_WINDOW_HOST_SHARE, Choice, RankSizes, estimate, planned_cores, recipe_with,
+                      resolve_autos)
+from .timing import (DEFAULT_NETWORK, NETWORKS, Decoding, KernelRates, StepTime, decoding, step_decoders, step_time)
 
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
 DEFAULT_HOST_MEMORY = 2 << 40
@@ -51,20 +53,6 @@ class Limit:
 
 
 @dataclass(frozen=True)
-class AutoDecodeWorkers:
-    """`data.decode_workers: auto` resolved: the count and why, in words for the log and the plan."""
-    count: int
-    why: str
-
-
-@dataclass(frozen=True)
-class AutoDecoder:
-    """`data.decoder: auto` resolved: the decoder and why, in words for the log and the plan."""
-    name: str
-    why: str
-
-
-@dataclass(frozen=True)
 class Plan:
     recipe: Recipe
     model: ModelEstimate
@@ -80,13 +68,13 @@ class Plan:
     host_memory_assumed: bool = False
     image_bytes: int = 0                   # stored bytes per image (encoded host batches)
     image_bytes_source: str = ""
-    inputs: Optional[InputRate] = None     # decoding against the step (encoded host batches)
-    decode_workers: Optional[AutoDecodeWorkers] = None  # data.decode_workers: auto, as resolved here
-    decoder: Optional[AutoDecoder] = None  # data.decoder: auto, as resolved here
+    decoding: Optional[Decoding] = None    # decoding against the step (encoded host batches)
+    choices: Tuple[Choice, ...] = ()       # what the recipe's `auto` values became (plan/auto_values.py)
     cores_assumed: bool = False            # the node's cores were not given: ASSUMED_CORES_PER_GPU
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
     advice: Tuple[str, ...] = ()           # a fitting recipe's faster alternatives
+    unbinding: Tuple[str, ...] = ()        # where decoding makes the engine wait: what would not
 
     @property
     def components(self) -> Dict[str, int]:
@@ -107,8 +95,12 @@ class Plan:
 
     @property
     def step_seconds(self) -> float:
-        """The step: its compute, or the decoding of its inputs where that is slower."""
-        return self.inputs.step_seconds(self.time.total) if self.inputs else self.time.total
+        """The step: its compute and what the engine waits for decoded rows (plan/overlap.py)."""
+        return self.time.total + (self.decoding.wait_s if self.decoding else 0.0)
+
+    def choice(self, key: str) -> Optional[Choice]:
+        """What `auto` became for recipe key `key` (None where the recipe gave a value)."""
+        return next((c for c in self.choices if c.key == key), None)
 
     @property
     def fits(self) -> bool:
@@ -138,15 +130,6 @@ def _gpu_limit(gpu: mem.GpuMemory, capacity: int) -> Limit:
         grows = sum(gpu.components[n] for n in names if n in scaling)
         growth = min(growth, _growth(capacity, gpu.phase_bytes(phase) - grows, grows))
     return Limit(GPU_LIMIT, gpu.peak, capacity, growth)
-
-
-def estimate(name: str) -> ModelEstimate:
-    """The towers' footprint of model ``name`` as the engine states it
-    (engine/tower_footprint.py), a model it does not model refused as a PlanError."""
-    try:
-        return estimate_model(name)
-    except UnmodelledModelError as err:
-        raise PlanError(f"plan: {err}") from err
 
 
 def _time_growth(time: StepTime, budget: float) -> float:
@@ -179,167 +162,9 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
                 gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes, gpu=gpu, host=host,
                 time=time, limits=tuple(limits), image_bytes=image_bytes, image_bytes_source=image_bytes_source,
-                inputs=(input_rate(recipe, local, time.total,
-                                   kept_pixel_rows(recipe.data, local, model.image_size, recipe.batch.chunk))
-                        if recipe.data.host_batch == "encoded" else None))
-
-
-# batch.chunk: auto. Powers of two up to this: larger chunks make a step faster (measured:
-# docs/planner.md), but past this they only add activation memory.
-AUTO_CHUNK_MAX = 2048
-# Share of the GPU's memory the planned peak may take at the chosen chunk: room for what the
-# planner does not model (fragmentation beyond its reserve, other processes).
-AUTO_CHUNK_MEMORY_SHARE = 0.9
-# batch.chunk: auto without a GPU to plan for (the CPU tests and demos): the recipe default.
-AUTO_CHUNK_CPU = 64
-
-
-def auto_chunk(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8) -> int:
-    """`batch.chunk: auto` on `gpus` GPUs of `gpu_memory_bytes`: the largest power of two, at most
-    AUTO_CHUNK_MAX and the local batch, whose planned GPU peak is within
-    AUTO_CHUNK_MEMORY_SHARE of the memory (the local batch itself when it is smaller). Raises
-    PlanError when even a chunk of 1 does not fit. Only the GPU's footprint decides it
-    (memory.gpu_memory: the engine's and the data's on the device), so the host's and the step
-    time are not planned: no shard is opened, no rate read."""
-    check_world(recipe, gpus)
-    recipe = with_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # the resolvers', if resolved
-    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))
-    local = recipe.local_batch(gpus)
-    budget = int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE)
-    top = min(local, AUTO_CHUNK_MAX)
-    candidates = [top] + [1 << k for k in range(top.bit_length() - 1, -1, -1) if (1 << k) < top]
-    model = estimate(recipe.model.name)
-    if recipe.data.keep_decoded_gib == "auto":  # sized after the chunk, in what the chunk leaves
-        recipe = recipe_with(recipe, "data", keep_decoded_gib=0.0)
-    for chunk in candidates:
-        peak = mem.gpu_memory(model, recipe_with(recipe, "batch", chunk=chunk), gpus).peak
-        if peak <= budget:
-            return chunk
-    raise PlanError(f"batch.chunk=auto: not even a chunk of 1 fits {AUTO_CHUNK_MEMORY_SHARE:.0%} of "
-                    f"{gpu_memory_bytes / mem.GIB:.4g} GiB per GPU (planned peak {mem.gib(peak)} GiB)")
-
-
-# data.keep_decoded_gib: auto on CPU ranks: host memory the kept chunks may take per rank.
-AUTO_KEEP_CPU_GIB = 1.0
-
-
-def auto_keep_gib(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8) -> float:
-    """`data.keep_decoded_gib: auto` (with a numeric batch.chunk): the decoded pixels of as many
-    whole chunks of the local batch (all of them where they fit) as the planned peak leaves room
-    for within AUTO_CHUNK_MEMORY_SHARE of the GPU's memory; 0 when none fit."""
-    if recipe.data.host_batch == "decoded":
-        return 0.0
-    recipe = with_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # the resolvers', if resolved
-    recipe = with_decode_workers(recipe, planned_cores(gpus, gpus_per_node))
-    check_world(recipe, gpus)
-    model = estimate(recipe.model.name)
-    bare = mem.gpu_memory(model, recipe_with(recipe, "data", keep_decoded_gib=0.0), gpus).peak
-    row = 3 * model.image_size ** 2
-    local = recipe.local_batch(gpus)
-    rows = min(local, max(0, int(gpu_memory_bytes * AUTO_CHUNK_MEMORY_SHARE) - bare) // row)
-    rows = rows if rows == local else rows - rows % recipe.batch.chunk
-    return rows * row / mem.GIB  # exact: kept_rows gives `rows` back
-
-
-# data.decode_workers: auto where the node is not known (make_plan without `cores`, the probes of
-# auto_chunk and auto_keep_gib): cores per GPU of a training node, on the low side (one H200 host
-# here has 16; a DGX H100 has 224 logical cores for 8 GPUs).
-ASSUMED_CORES_PER_GPU = 16
-
-
-def _busy_besides_decoding(data: DataSection) -> Tuple[int, str]:
-    """(cores, in words) that else stay busy on a rank while its decode processes run: the
-    training process (it drives the GPU and assembles the next batch), each data.workers reader
-    (reads the stored bytes and tokenizes) and, for data.decoder=hybrid, the GPU decoder's lane
-    thread (it drives nvJPEG). Decode processes beyond the cores these leave would only take
-    turns with them and with each other."""
-    busy = [(1, "the training process")]
-    if data.workers:
-        busy.append((data.workers, f"{data.workers} reader{'s' if data.workers > 1 else ''}"))
-    if data.decoder == "hybrid":
-        busy.append((1, "the GPU decoder's lane thread"))
-    words = [text for _, text in busy]
-    return sum(n for n, _ in busy), ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
-
-
-def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorkers:
-    """`data.decode_workers: auto` on a rank with `share` of its node's cores: the cores left by
-    _busy_besides_decoding, at most MAX_PROCESSES. At least 1 where the share has 2 cores or
-    more, so that decoding overlaps the step; 0 (decode in the training process) on a
-    share of one core, where a decode process would only take turns with the training process
-    and add its window. 0 where nothing decodes in processes (data.decoder=nvjpeg, decoded host
-    batches)."""
-    if data.host_batch == "decoded":
-        return AutoDecodeWorkers(0, "data.host_batch=decoded: the data workers decode")
-    if data.decoder == "nvjpeg":
-        return AutoDecodeWorkers(0, "data.decoder=nvjpeg decodes on the GPU")
-    if share.cores <= 1:
-        return AutoDecodeWorkers(0, f"{share.text}: decoded in the training process, which a decode "
-                                    "process would only take turns with")
-    busy, words = _busy_besides_decoding(data)
-    left = share.cores - busy
-    count = min(max(1, left), MAX_PROCESSES)
-    bound = ("; at least 1, so that decoding overlaps the step" if left < 1 else
-             f"; at most {MAX_PROCESSES:,}" if left > MAX_PROCESSES else "")
-    return AutoDecodeWorkers(count, f"{share.text}, less {words}{bound}")
-
-
-def auto_decoder(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int, share: CoreShare,
-                 rates: Optional[KernelRates] = None) -> AutoDecoder:
-    """`data.decoder: auto` on a GPU rank with `share` of its node's cores, from the measured
-    decode rates (data/footprint.py): pil where its decode processes (data.decode_workers, auto
-    resolved for `share`) keep up with the planned step: open_clip's pixels exactly; else hybrid,
-    where the GPU decodes a share of each chunk beside them. The step is planned as for pil, the
-    recipe's other `auto` values resolved as the trainer resolves them; no shard is opened."""
-    if recipe.data.host_batch == "decoded":
-        return AutoDecoder("pil", "data.host_batch=decoded: the data workers decode, with PIL")
-    pil = with_decode_workers(recipe_with(recipe, "data", decoder="pil"), share)
-    pil = _without_auto(pil, gpus, gpu_memory_bytes, gpus_per_node)
-    model = estimate(recipe.model.name)
-    local = pil.local_batch(gpus)
-    time = step_time(model, pil, gpus, rates or KernelRates.load(), gpus_per_node, DEFAULT_NETWORK, None)
-    inputs = input_rate(pil, local, time.total, kept_pixel_rows(pil.data, local, model.image_size, pil.batch.chunk))
-    rate = (f"{inputs.workers} PIL processes decode {inputs.available:,.0f} samples/s of the {inputs.needed:,.0f} "
-            f"a {time.total:.1f} s step needs")
-    if not inputs.binds:
-        return AutoDecoder("pil", f"{rate}: they keep up, with open_clip's pixels exactly")
-    return AutoDecoder("hybrid", f"{rate}: the GPU decodes a share of each chunk beside them")
-
-
-def planned_cores(gpus: int, gpus_per_node: int, cores: Optional[int] = None) -> CoreShare:
-    """A rank's share of a node's `cores` (ASSUMED_CORES_PER_GPU per rank where None), the
-    node's ranks splitting them: what each rank of the launch will find (machine.rank_cores)."""
-    ranks = min(gpus, gpus_per_node)
-    return split_cores(ASSUMED_CORES_PER_GPU * ranks if cores is None else cores, ranks, "each rank's share",
-                       "on a node")
-
-
-def with_decoder(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
-                 share: Optional[CoreShare] = None) -> Recipe:
-    """The recipe with `data.decoder: auto` resolved for `share` (default: planned_cores) on these
-    GPUs (unchanged otherwise)."""
-    if recipe.data.decoder != "auto":
-        return recipe
-    share = share or planned_cores(gpus, gpus_per_node)
-    return recipe_with(recipe, "data", decoder=auto_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node, share).name)
-
-
-def with_decode_workers(recipe: Recipe, share: CoreShare) -> Recipe:
-    """The recipe with `data.decode_workers: auto` resolved for `share` (unchanged otherwise)."""
-    if recipe.data.decode_workers != "auto":
-        return recipe
-    return recipe_with(recipe, "data", decode_workers=auto_decode_workers(recipe.data, share).count)
-
-
-def _without_auto(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int) -> Recipe:
-    """batch.chunk and data.keep_decoded_gib as the trainer resolves `auto` on these GPUs
-    (data.decode_workers resolved before: both may count the GPU decoder's share)."""
-    if recipe.batch.chunk == "auto":
-        recipe = recipe_with(recipe, "batch", chunk=auto_chunk(recipe, gpus, gpu_memory_bytes, gpus_per_node))
-    if recipe.data.keep_decoded_gib == "auto":
-        recipe = recipe_with(recipe, "data", keep_decoded_gib=auto_keep_gib(recipe, gpus, gpu_memory_bytes,
-                                                                            gpus_per_node))
-    return recipe
+                decoding=(decoding(recipe, local, time, kept_pixel_rows(recipe.data, local, model.image_size,
+                                                                        recipe.batch.chunk), model.image_size)
+                          if recipe.data.host_batch == "encoded" else None))
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
@@ -355,23 +180,20 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
     rates = rates or KernelRates.load()
-    share = planned_cores(gpus, gpus_per_node, cores)
-    decoder = decode_workers = None
-    if recipe.data.decoder == "auto":  # what each rank will choose (training/resolve.py), first: the
-        # decode processes count the GPU decoder's lane thread
-        decoder = auto_decoder(recipe, gpus, gpu_memory_bytes, gpus_per_node, share, rates)
-        recipe = recipe_with(recipe, "data", decoder=decoder.name)
-    if recipe.data.decode_workers == "auto":
-        decode_workers = auto_decode_workers(recipe.data, share)
-        recipe = recipe_with(recipe, "data", decode_workers=decode_workers.count)
-    recipe = _without_auto(recipe, gpus, gpu_memory_bytes, gpus_per_node)  # what the trainer will choose
     assumed = host_memory_bytes is None
     host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
+    sizes = RankSizes(gpu_memory_bytes, gpus_per_node, planned_cores(gpus, gpus_per_node, cores), host_memory_bytes)
+    model = estimate(recipe.model.name)
+    # what each rank will choose (training/resolve.py asks the same function)
+    resolution = resolve_autos(recipe, gpus, sizes, rates=rates, model=model, network=network,
+                               encoder_tflops=encoder_tflops)
+    recipe = resolution.recipe
     probe = functools.partial(assess, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
                               host_memory_bytes=host_memory_bytes, rates=rates, encoder_tflops=encoder_tflops,
                               network=network, max_step_s=max_step_s)
-    plan = dataclasses.replace(probe(recipe, gpus), host_memory_assumed=assumed, decode_workers=decode_workers,
-                               decoder=decoder, cores_assumed=cores is None)
+    plan = dataclasses.replace(probe(recipe, gpus, model=model), host_memory_assumed=assumed,
+                               choices=resolution.choices, cores_assumed=cores is None)
+    plan = dataclasses.replace(plan, unbinding=unbinding(plan, rates, network, encoder_tflops))
     if plan.fits:
         advice = ()
         if not compile_supported(recipe.zero.stage) and recipe.zero.base_config is None:
@@ -397,6 +219,62 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     return dataclasses.replace(plan, verdict=f"does not fit: {problem}; {fix}", remedies=tuple(remedies))
 
 
+# More decode processes per rank than this is no advice: a node has a few dozen cores per GPU.
+MAX_DECODE_WORKERS_ADVISED = 64
+
+
+def unbinding(plan: Plan, rates: KernelRates, network: str = DEFAULT_NETWORK,
+              encoder_tflops: Optional[float] = None) -> Tuple[str, ...]:
+    """Where decoding makes the engine wait, each change that would shorten the wait, with the
+    wait it leaves (plan/overlap.py): a larger window, more decode processes (cores), the GPU
+    decoder. Empty where the engine does not wait."""
+    d = plan.decoding
+    if d is None or not d.binds:
+        return ()
+    recipe, local, image_size = plan.recipe, plan.local_batch, plan.model.image_size
+    shape = d.overlap.shape
+    ways = []
+    row = 3 * image_size ** 2
+    if d.workers and d.overlap.window_binds:
+        decoders = step_decoders(recipe, local, image_size, shape.host_kept)
+        rows = window_needed(shape, decoders, which=0, floor=decoders[0].window)
+        more = (rows - d.window_rows) * row * min(plan.gpus, plan.gpus_per_node)
+        room = plan.host_memory_bytes * AUTO_WINDOW_HOST_SHARE - plan.host_bytes
+        fits = "" if more <= room else f", more than the node's memory leaves ({mem.gib(max(0, room))} GiB)"
+        ways.append(f"a window of {mem.gib(rows * row)} GiB a rank (data.decode_window_gib; "
+                    f"+{mem.gib(more)} GiB per node{fits}) leaves {_wait_text(d.overlap.bound_s)}")
+    if d.overlap.rate_binds and recipe.data.decoder != "nvjpeg":
+        needed = d.workers_needed()
+        if d.workers and needed > MAX_DECODE_WORKERS_ADVISED:
+            ways.append(f"{needed:,} decode processes a rank would keep up, more than a node has cores: hold the "
+                        "batch decoded (data.host_batch=decoded) or give each step more work")
+        elif d.workers and needed > d.workers:
+            ways.append(f"{needed} decode processes a rank ({needed - d.workers} more cores a rank) would keep up")
+        if recipe.data.decoder in ("pil", "torchvision"):
+            hybrid = _with_decoder(plan, "hybrid")
+            if hybrid is not None and hybrid.wait_s < d.wait_s:
+                ways.append(f"the GPU decoder beside the processes (data.decoder=hybrid) leaves "
+                            f"{_wait_text(hybrid.wait_s)}")
+    kept = shape.kept + shape.host_kept
+    if shape.passes == 2 and kept < local and d.overlap.rate_binds:
+        ways.append(f"{local - kept:,} rows are decoded twice a step: kept on the GPU (data.keep_decoded_gib) or "
+                    f"in the decode pool's window (data.keep_decoded_host_gib), once")
+    return tuple(ways)
+
+
+def _with_decoder(plan: Plan, name: str) -> Optional[Decoding]:
+    """The plan's decoding with another decoder (its processes and share resolved as `auto`
+    would), or None where that is not a decoder for this recipe."""
+    recipe = recipe_with(plan.recipe, "data", decoder=name)
+    if name == "hybrid":
+        recipe = recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(recipe.data.decode_workers))
+    return decoding(recipe, plan.local_batch, plan.time, plan.decoding.overlap.shape.kept, plan.model.image_size)
+
+
+def _wait_text(seconds: float) -> str:
+    return "no wait" if seconds <= 0.01 else f"a wait of {seconds_text(seconds)} a step"
+
+
 def _problem(plan: Plan) -> Tuple[str, str]:
     """(culprit, description) of the most exceeded limit."""
     limit = plan.limit(plan.binding)
@@ -417,11 +295,6 @@ def _problem(plan: Plan) -> Tuple[str, str]:
     culprit = max(sizes, key=sizes.get)
     return culprit, (f"{_BLAME[culprit]} {mem.gib(sizes[culprit])} GiB "
                      f"(peak {mem.gib(gpu.peak)} of {mem.gib(plan.gpu_memory_bytes)} GiB per GPU, {gpu.peak_phase})")
-
-
-def recipe_with(recipe: Recipe, section: str, **changes) -> Recipe:
-    """A copy of `recipe` with keys of one section changed (no validation: the planner's probes)."""
-    return recipe.model_copy(update={section: getattr(recipe, section).model_copy(update=changes)})
 
 
 def _largest_below(value: int, fits: Callable[[int], bool]) -> Optional[int]:

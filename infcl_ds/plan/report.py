@@ -4,7 +4,9 @@ from typing import List, Sequence
 from ..data.footprint import NVJPEG_RATE_PER_GPU, input_samples_held, sample_host_bytes
 from ..engine.tower_footprint import CALIBRATION_SOURCE, activation_calibration
 from . import memory as mem
-from .plan import ASSUMED_CORES_PER_GPU, GPU_LIMIT, HOST_LIMIT, Plan
+from .overlap import seconds_text
+from .plan import GPU_LIMIT, HOST_LIMIT, Plan
+from .auto_values import ASSUMED_CORES_PER_GPU
 from .timing import NETWORKS, NVLINK, KernelRates, ScalingRow, min_hidden_block
 
 
@@ -46,22 +48,54 @@ def _gpu_table(plan: Plan) -> List[str]:
     return lines
 
 
-def _decode_workers_line(plan: Plan, cores_note: str = "") -> str:
-    """What `data.decode_workers: auto` becomes on the planned nodes and why, and where the
-    node's cores came from ("" where the recipe gives a number)."""
-    chosen, data = plan.decode_workers, plan.recipe.data
-    if chosen is None or data.host_batch == "decoded" or data.decoder == "nvjpeg":  # no decode processes
+def _auto_line(plan: Plan, cores_note: str = "") -> str:
+    """What the recipe's `auto` values become on the planned nodes, each with why, in one line
+    (plan/auto_values.py: each rank resolves them alike at start-up), and where the node's cores came
+    from ("" where the recipe leaves nothing auto)."""
+    if not plan.choices:
         return ""
     note = cores_note or (f"assumed {ASSUMED_CORES_PER_GPU} cores per GPU; pass --cores" if plan.cores_assumed
                           else "")
-    return f"\n  data.decode_workers=auto: {chosen.count} per rank ({chosen.why}{'; ' + note if note else ''})"
+    texts = [f"{c.key}={c.value} ({c.why}; {note})" if c.key == "data.decode_workers" and note else c.text()
+             for c in plan.choices]
+    return f"\n  auto: {'; '.join(texts)}"
 
 
-def _decoder_line(plan: Plan) -> str:
-    """What `data.decoder: auto` becomes on the planned GPUs and why ("" where the recipe names one)."""
-    if plan.decoder is None or plan.recipe.data.host_batch == "decoded":
+def _decoding_lines(plan: Plan) -> str:
+    """The decoders against the step (plan/overlap.py): their rates, the rows a step decodes, the
+    window, the wait of a steady step; where the engine waits, what would shorten it."""
+    d = plan.decoding
+    if d is None:
         return ""
-    return f"\n  data.decoder=auto: {plan.decoder.name} ({plan.decoder.why})"
+    shape = d.overlap.shape
+    kept, on_host, local = min(shape.kept, plan.local_batch), shape.host_kept, plan.local_batch
+    where = " and ".join(([f"{kept:,} on the GPU"] if kept else []) + ([f"{on_host:,} in the decode pool's window"]
+                                                                      if on_host else []))
+    twice = ("each row once (one pass)" if shape.passes == 1 else
+             f"each row once (kept decoded between the passes: {where})" if kept + on_host >= local else
+             f"each row in both passes but the {where} kept decoded" if where else "each row twice")
+    decoder = plan.recipe.data.decoder
+    sources = []
+    if d.workers:
+        held = f", {on_host:,} of them kept between the passes" if on_host else ""
+        sources.append(f"{d.workers} decode processes at the measured {d.per_worker:,.0f} per process, their window "
+                       f"{mem.gib(d.window_rows * 3 * plan.model.image_size ** 2)} GiB ({d.window_rows:,} rows{held})")
+    elif decoder != "nvjpeg":
+        sources.append(f"the training process at the measured {d.per_worker:,.0f} (no decode processes: nothing "
+                       "decoded ahead)")
+    if d.device_rate:
+        sources.append(f"the GPU's decoder at the measured {NVJPEG_RATE_PER_GPU:,.0f}")
+    text = (f"\n  decoding: {d.decodes:,} rows a step ({twice}), {d.needed:,.0f}/s to keep up with the compute; "
+            f"{d.available:,.0f}/s from {' and '.join(sources)}")
+    if not d.binds:
+        return text + "; a steady step waits for none"
+    o = d.overlap
+    cause = ("the decoders are too slow for the step" if o.rate_binds and not o.window_binds else
+             "the window is too small to carry the grad pass's decoding into the next step" if not o.rate_binds else
+             "the decoders are too slow and the window too small")
+    text += (f"\n  decoding binds: a steady step waits {seconds_text(o.wait_s)} for decoded rows ({cause}): "
+             f"{seconds_text(plan.step_seconds)} instead of {seconds_text(plan.time.total)}")
+    return text + "".join(f"\n    - {way}" for way in plan.unbinding)
 
 
 def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> str:
@@ -81,30 +115,7 @@ def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> 
              f"{mem.gib(plan.host_memory_bytes)}{assumed}\n"
              f"  inputs: {ranks} ranks x (2 local batches of {plan.local_batch:,}: training + assembled ahead; "
              f"{pieces:,} samples prefetched by {data.workers} data workers) x {form}")
-    lines += _decoder_line(plan) + _decode_workers_line(plan, cores_note)
-    if plan.inputs is not None:
-        rate = plan.inputs
-        kept = plan.gpu.components.get(mem.PIXELS_KEPT, 0) // (3 * plan.model.image_size ** 2)
-        twice = (f"each sample in both passes but the {kept:,} kept decoded on the GPU" if kept
-                 else "each sample twice per step")
-        decoder = plan.recipe.data.decoder
-        sources = (f"{rate.workers} decode processes at the measured {rate.per_worker:,.0f} per process"
-                   if decoder != "nvjpeg" else "")
-        if decoder in ("nvjpeg", "hybrid"):
-            sources += (" and " if sources else "") + f"the GPU's decoder at the measured {NVJPEG_RATE_PER_GPU:,.0f}"
-        lines += (f"\n  decoding: {rate.needed:,.0f} samples/s needed per rank ({twice}), "
-                  f"{rate.available:,.0f} available from {sources}")
-        if rate.binds:
-            needed = rate.workers_needed()
-            fix = ("set data.decoder=hybrid to add decode processes" if decoder == "nvjpeg" else
-                   f"{needed:,} decode processes per rank would be needed: hold the batch decoded "
-                   "(data.host_batch=decoded) or give each step more work" if needed > MAX_DECODE_WORKERS_ADVISED
-                   else f"{needed} decode processes per rank would be needed, more than the cores leave: a node "
-                        "with more cores per GPU, or data.decoder=hybrid" if plan.decode_workers is not None
-                   else f"set data.decode_workers={needed}")
-            lines += (f"; decoding binds: the step takes {plan.step_seconds:.0f} s instead of "
-                      f"{plan.time.total:.0f} s ({fix})")
-    return lines
+    return lines + _auto_line(plan, cores_note) + _decoding_lines(plan)
 
 
 def _time_lines(plan: Plan) -> List[str]:
@@ -118,7 +129,7 @@ def _time_lines(plan: Plan) -> List[str]:
              f"{t.encoder_rate / 1e12:.0f} TFLOP/s per GPU: {t.encoder_source}",
              f"  loss: 8 B^2 D / {plan.gpus} GPUs at {t.rate.flops / 1e12:.0f} TFLOP/s, from the {t.rate.dtype} "
              f"rates measured at D={t.rate.dim}, for blocks of {t.rate.batch:,}"]
-    if plan.inputs is None:  # decoded host batches: the data workers decode, at a rate not modelled
+    if plan.decoding is None:  # decoded host batches: the data workers decode, at a rate not modelled
         per_gpu = plan.local_batch / t.total
         lines.append(f"inputs: {per_gpu:,.0f} samples/s per GPU ({per_gpu * min(plan.gpus, plan.gpus_per_node):,.0f} "
                      f"per node) to keep up; data loading is not modelled")
@@ -151,13 +162,11 @@ def _limit_lines(plan: Plan) -> List[str]:
         lines.append(f"  {limit.name:<22}{used:>24}   {_growth_text(limit.growth)}")
     binding = plan.limit(plan.binding)
     share = plan.time.encoders / plan.time.total
-    lines.append(f"binding limit: {binding.name} ({_growth_text(binding.growth)}); step time {plan.step_seconds:.0f} s, "
-                 f"{share:.0%} of it in the encoders")
+    waits = (f", {seconds_text(plan.decoding.wait_s)} of it waiting for decoded rows"
+             if plan.decoding is not None and plan.decoding.binds else "")
+    lines.append(f"binding limit: {binding.name} ({_growth_text(binding.growth)}); step time "
+                 f"{seconds_text(plan.step_seconds)}, {share:.0%} of its compute in the encoders{waits}")
     return lines
-
-
-# More decode processes per rank than this is no advice: a node has a few dozen cores per GPU.
-MAX_DECODE_WORKERS_ADVISED = 64
 
 
 def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "", cores_note: str = "") -> str:

@@ -24,8 +24,9 @@ longer of the two; all ranks move in step, so the slowest link in the ring sets 
 one hop between nodes once the ring leaves a node). Per-message latency is not modelled.
 
 Inputs, with encoded host batches: a local batch is decoded once per engine pass, twice per step
-(less the chunks kept decoded on the GPU between the passes, data.keep_decoded_gib), so a rank
-needs up to 2 x local batch / step decodes per second from its data.decode_workers processes.
+(less the chunks kept decoded on the GPU between the passes, data.keep_decoded_gib), by the
+rank's decode processes and/or its GPU decoder, each ahead of the engine within its window; how
+long the engine waits for them in a steady step is plan/overlap.py's model (`decoding`).
 """
 import bisect
 import json
@@ -35,13 +36,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
-from ..data.footprint import DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU
+from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
+from ..data.footprint import (DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU, device_window_rows, gpu_decode_share,
+                              has_pool, host_kept_rows, pool_window_rows)
 from ..engine.step import engine_passes
 from ..engine.tower_footprint import ModelEstimate
 from ..parallel.ring_bytes import hop_bytes
 from ..resources import read_json
-from .refusal import PlanError
 from .memory import DTYPE_BYTES
+from .overlap import Decoder, Overlap, StepShape, overlap, tolerance_s
+from .refusal import PlanError
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class EncoderRate:
     encode_s: float          # no-grad forward of all its chunks
     reencode_s: float        # forward with grad + backward of all its chunks
     source: str
+    chunk: int = 0           # the chunk it was measured at (0: not recorded)
 
     @property
     def forward(self) -> float:  # seconds per sample of the no-grad forward
@@ -86,6 +91,22 @@ ZERO3_CHUNK_FLOOR_S = tuple(float(s) for s in _OVERHEADS["zero3_chunk_floor_s"])
 # no-grad pass a little faster and the grad pass slower (its casts for the backward's GEMMs cost
 # more than the float8 GEMMs save at these widths).
 FLOAT8_PHASE_FACTORS = tuple(float(f) for f in _OVERHEADS["float8_phase_factors"])
+# A chunk half as large makes the encoder phases this much slower (the GPU less full, more
+# launches); measured on ViT-B-16 (eager, one H200) between chunks 256 and 1,024.
+CHUNK_HALVING_SLOWDOWN = float(_OVERHEADS["chunk_halving_slowdown"])
+# The largest chunk a gain was measured up to: larger chunks are planned at its rate.
+CHUNK_GAIN_MEASURED_UP_TO = 1024
+
+
+def chunk_factor(chunk, measured: int) -> float:
+    """The encoder phases at `chunk` over those at the `measured` chunk (CHUNK_HALVING_SLOWDOWN a
+    halving; no gain planned beyond CHUNK_GAIN_MEASURED_UP_TO). 1 where either is unknown."""
+    if not isinstance(chunk, int) or not measured:
+        return 1.0
+    planned = min(chunk, max(measured, CHUNK_GAIN_MEASURED_UP_TO))
+    return CHUNK_HALVING_SLOWDOWN ** math.log2(measured / planned)
+
+
 # Models not measured: ViT-B-16's measured effective rate per GPU, transferred.
 DEFAULT_ENCODER_TFLOPS = float(_OVERHEADS["default_encoder_tflops"])
 # fp32 models (TF32 matrix products): half the bf16 rate, a guess, not measured.
@@ -226,20 +247,24 @@ def encoder_passes(checkpointing: bool) -> int:
 
 
 def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: bool,
-                  encoder_tflops: Optional[float] = None, compiled: bool = False) -> tuple:
-    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU.
-    ``encoder_tflops`` None: the model's measured rates (with `compiled`, the compiled towers'
-    where measured) if any, else DEFAULT_ENCODER_TFLOPS; a number: that rate for every model."""
+                  encoder_tflops: Optional[float] = None, compiled: bool = False, chunk=None) -> tuple:
+    """(encode s, re-encode s, effective FLOP/s, source, measured) for ``local`` samples per GPU
+    in chunks of ``chunk``. ``encoder_tflops`` None: the model's measured rates (with `compiled`,
+    the compiled towers' where measured) if any, at ``chunk`` (chunk_factor), else
+    DEFAULT_ENCODER_TFLOPS; a number: that rate for every model."""
     slowdown = FP32_ENCODER_SLOWDOWN if dtype == "fp32" else 1.0
     flops = model.forward_flops()
     measured = None
     if encoder_tflops is None:
         measured = (compiled and COMPILED_ENCODER_RATES.get(model.name)) or MEASURED_ENCODER_RATES.get(model.name)
     if measured is not None:
-        encode = local * measured.forward * slowdown
+        at_chunk = chunk_factor(chunk, measured.chunk)
+        encode = local * measured.forward * slowdown * at_chunk
         # The recomputed forward in the backward counted as one more no-grad forward.
-        reencode = local * (measured.forward_backward + (measured.forward if checkpointing else 0.0)) * slowdown
+        reencode = local * (measured.forward_backward + (measured.forward if checkpointing else 0.0)) * slowdown * at_chunk
         source = f"measured ({measured.source})" + (", x2 for fp32 (a guess)" if slowdown > 1 else "")
+        if at_chunk != 1.0:
+            source += f"; x{at_chunk:.3f} at chunk {chunk} (x{CHUNK_HALVING_SLOWDOWN} a halving of the chunk)"
         if compiled and model.name not in COMPILED_ENCODER_RATES:
             source += "; eager towers' rate (compiled ones not measured for this model)"
         rate = encoder_passes(checkpointing) * flops * local / (encode + reencode)
@@ -263,7 +288,8 @@ def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRat
     elem = DTYPE_BYTES[dtype]
     rate = rates.rate(local, model.embed_dim, dtype)
     encode, reencode, encoder_rate, source, measured = encoder_times(model, local, dtype, checkpointing,
-                                                                     encoder_tflops, recipe.compiles("cuda"))
+                                                                     encoder_tflops, recipe.compiles("cuda"),
+                                                                     recipe.batch.chunk)
     if recipe.model.float8:
         bf16 = encode + reencode
         encode, reencode = encode * FLOAT8_PHASE_FACTORS[0], reencode * FLOAT8_PHASE_FACTORS[1]
@@ -330,42 +356,86 @@ def min_hidden_block(dim: int, elem: int, rate: float, forward_fraction: float, 
 
 
 @dataclass(frozen=True)
-class InputRate:
-    """Decoding against the step, per rank (encoded host batches)."""
-    needed: float       # decodes per second for the planned step
-    available: float    # what the rank's decode processes deliver
-    workers: int
+class Decoding:
+    """A rank's decoding against its steady step (encoded host batches): the overlap model's
+    result, and the rates it was made with."""
+    overlap: Overlap
+    workers: int        # decode processes (0: the training process decodes, or only the GPU)
     per_worker: float   # decodes per second of one process with the recipe's data.decoder
-    device_rate: float = 0.0  # decodes per second of the GPU's decoder (nvjpeg, hybrid)
+    device_rate: float  # decodes per second of the GPU's decoder (nvjpeg, hybrid); 0 without
+    window_rows: int    # the decode processes' window (0 without processes)
+
+    @property
+    def decodes(self) -> int:
+        """Rows decoded per step: every row in the first pass, again in the second unless kept."""
+        return self.overlap.shape.decodes
+
+    @property
+    def needed(self) -> float:
+        """Decodes per second that would keep up with the step's compute."""
+        compute = self.overlap.shape.compute_s
+        return self.decodes / compute if compute > 0 else 0.0
+
+    @property
+    def available(self) -> float:
+        return sum(d.rate for d in self.overlap.decoders)
+
+    @property
+    def wait_s(self) -> float:
+        return self.overlap.wait_s
 
     @property
     def binds(self) -> bool:
-        return self.needed > self.available
-
-    def step_seconds(self, compute_s: float) -> float:
-        """The step when decoding binds: every sample decoded twice at the available rate."""
-        return max(compute_s, compute_s * self.needed / self.available) if self.available else float("inf")
+        """The engine waits for decoded rows in a steady step."""
+        return self.overlap.wait_s > tolerance_s(self.overlap.shape)
 
     def workers_needed(self) -> int:
+        """Decode processes that would deliver the step's decodes in its compute, beside the GPU's."""
         return int(-(-max(0.0, self.needed - self.device_rate) // self.per_worker))
 
 
-def input_rate(recipe: Recipe, local_batch: int, compute_s: float, kept_rows: int = 0) -> InputRate:
-    """Decodes a step needs: every row in the first pass, and again in the second unless its
-    chunk was kept decoded on the GPU (`kept_rows`); once for a local batch that the engine
-    encodes in one pass (engine.step.engine_passes). And what the recipe's decode processes
-    deliver: data.decode_workers a number (make_plan resolves auto for the node)."""
-    workers, decoder = recipe.data.decode_workers, recipe.data.decoder
-    per_worker = DECODE_RATES_PER_WORKER["pil" if decoder in ("nvjpeg", "hybrid") else decoder]
-    if decoder == "nvjpeg":  # no decode processes
-        workers, available = 0, NVJPEG_RATE_PER_GPU
-    elif decoder == "hybrid":
-        available = workers * per_worker + NVJPEG_RATE_PER_GPU
-    else:  # 0 workers: decoding runs in the training process, between the chunks (nothing overlaps)
-        available = max(workers, 1) * per_worker
+def step_shape(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size: int) -> StepShape:
+    """The step as the overlap model sees it: the local batch in chunks, the rows kept on the GPU
+    and in the decode pool's window, the engine's passes (engine.step.engine_passes) and the
+    planned phases."""
     chunk = recipe.batch.chunk
-    chunks = -(-local_batch // chunk) if isinstance(chunk, int) else 2  # auto: resolved later; count two passes
+    chunks = -(-local // chunk)
     passes = engine_passes(chunks, recipe.zero.stage, recipe.batch.offload_features)
-    decodes = local_batch if passes == 1 else 2 * local_batch - kept_rows
-    return InputRate(needed=decodes / compute_s if compute_s > 0 else 0.0, available=available, workers=workers,
-                     per_worker=per_worker, device_rate=NVJPEG_RATE_PER_GPU if decoder in ("nvjpeg", "hybrid") else 0.0)
+    on_host = host_kept_rows(recipe.data, local, image_size, chunk, kept) if passes == 2 else 0
+    return StepShape(local=local, chunk=chunk, kept=kept, passes=passes, encode_s=time.encode, loss_s=time.loss,
+                     reencode_s=time.reencode, host_kept=on_host)
+
+
+def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 0) -> list:
+    """The rank's decoders for the overlap model, in ChunkDecoder.split's order: the decode
+    processes (the training process where there are none) with the window they decode into (its
+    slots hold the `host_kept` rows kept between the passes too), then the GPU decoder's lane
+    with its own."""
+    data = recipe.data
+    share = gpu_decode_share(data)
+    per_worker = DECODE_RATES_PER_WORKER["pil" if data.decoder in ("nvjpeg", "hybrid") else data.decoder]
+    decoders = []
+    if share < 1:
+        if has_pool(data):
+            rows = pool_window_rows(data, local, image_size) + host_kept
+            rows = window_slots(rows, data.decode_workers) * DECODE_PIECE_ROWS
+            decoders.append(Decoder(data.decode_workers * per_worker, rows, 1 - share))
+        else:  # the training process decodes a chunk when the engine asks for it: nothing ahead
+            decoders.append(Decoder(per_worker, 0, 1 - share))
+    if share > 0:
+        decoders.append(Decoder(NVJPEG_RATE_PER_GPU, device_window_rows(data, local, image_size), share))
+    return decoders
+
+
+def decoding(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size: int) -> Decoding:
+    """The recipe's decoding (every `auto` of its data section resolved) against its planned
+    step, `kept` rows of the local batch kept decoded on the GPU between the passes."""
+    data = recipe.data
+    shape = step_shape(recipe, local, time, kept, image_size)
+    decoders = step_decoders(recipe, local, image_size, shape.host_kept)
+    pool = has_pool(data) and gpu_decode_share(data) < 1
+    workers = data.decode_workers if pool else 0
+    per_worker = DECODE_RATES_PER_WORKER["pil" if data.decoder in ("nvjpeg", "hybrid") else data.decoder]
+    return Decoding(overlap=overlap(shape, decoders), workers=workers, per_worker=per_worker,
+                    device_rate=NVJPEG_RATE_PER_GPU if gpu_decode_share(data) > 0 else 0.0,
+                    window_rows=decoders[0].window if pool else 0)

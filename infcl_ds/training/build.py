@@ -18,8 +18,8 @@ def build_engine(recipe: Recipe, world: int, device: torch.device, *,
                  ds_config: Optional[dict] = None, check_model: Optional[Callable[[torch.nn.Module], None]] = None,
                  loss_fn=None, time_phases: bool = False) -> ContrastiveEngine:
     """Every rank calls it (DeepSpeed's set-up is a collective). `recipe.batch.chunk` is a
-    number: `auto` is resolved before, by resolve.resolve_auto_chunk (the trainer's one question
-    to the planner); building the engine plans nothing.
+    number: `auto` is resolved before, by the trainer's one plan (resolve.resolve_recipe and
+    agree_on_chunk); building the engine plans nothing.
 
     The seeds are set from model.seed before the model is created, so its initial weights are
     the recipe's. `ds_config`: the DeepSpeed config (default: built from the recipe; the trainer

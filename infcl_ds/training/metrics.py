@@ -12,7 +12,7 @@ import torch
 from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
-           "decode_wait_s", "host_bytes_per_sample", "graphs_compiled"]
+           "decode_wait_s", "decode_rows_per_process_s", "host_bytes_per_sample", "graphs_compiled"]
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -23,6 +23,24 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class PoolRate:
+    """Rows per second one decode process of this rank delivered since the last reading (its
+    rows over its busy seconds: what the planner's measured rate per process stands for); None
+    without decode processes or before they decoded anything."""
+
+    def __init__(self, decoder):
+        self._decoder = decoder
+        self._last = decoder.pool_rate() if decoder is not None else (0, 0.0)
+
+    def since_last(self) -> Optional[float]:
+        if self._decoder is None:
+            return None
+        now = self._decoder.pool_rate()
+        rows, seconds = now[0] - self._last[0], now[1] - self._last[1]
+        self._last = now
+        return rows / seconds if seconds > 0 else None
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
         self.enabled = enabled
@@ -31,14 +49,16 @@ class MetricsLogger:
         self.writer = None
         if not enabled:
             return
-        self._truncate_after(self.path, resume_step)
+        self._truncate_after(self.path, resume_step, COLUMNS)
         self._truncate_after(self.extra_path, resume_step)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD), purge_step=resume_step + 1)
 
     @staticmethod
-    def _truncate_after(path: Path, step: int) -> None:
+    def _truncate_after(path: Path, step: int, columns=None) -> None:
+        """Keep the rows up to `step`; with `columns`, under today's header (a run written by an
+        older version gets the new columns, empty in its rows)."""
         if not path.is_file():
             return
         with open(path, newline="") as f:
@@ -46,7 +66,7 @@ class MetricsLogger:
         if not rows:
             return
         with open(path, "w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            out = csv.DictWriter(f, fieldnames=columns or list(rows[0].keys()), restval="", extrasaction="ignore")
             out.writeheader()
             out.writerows(r for r in rows if int(r["step"]) <= step)
 

@@ -29,11 +29,11 @@ from . import divergence
 from .build import build_engine
 from .distributed import collective_timeout_s, init_distributed
 from .launcher_watch import LauncherWatch, agreed_stop
-from .metrics import MetricsLogger, peak_memory_gib
+from .metrics import MetricsLogger, PoolRate, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
-from .resolve import check_decoder, check_float8, resolve_auto_chunk, resolve_auto_decoder, resolve_data
+from .resolve import agree_on_chunk, resolve_recipe, saved_recipe
 from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
 
@@ -54,14 +54,13 @@ class Trainer:
         self.run_lock = run_lock if run_lock is not None else take_if_owner(recipe.output_dir)
         self.device = init_distributed(collective_timeout_s(recipe.distributed.timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        # The same on every rank of a uniform job: before any collective.
-        check_float8(recipe, self.device)
-        recipe = resolve_auto_decoder(recipe, self.world, self.device, self.rank)
-        check_decoder(recipe, self.device)
+        # Every `auto`, from one plan for this rank; the same checks on every rank of a uniform
+        # job: before any collective.
+        resolution = resolve_recipe(recipe, self.world, self.device, self.rank)
         share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
-        # batch.chunk: auto, asked here once (build_engine takes the number).
-        recipe = self.recipe = resolve_auto_chunk(recipe, self.world, self.device, self.rank)
+        resolution = agree_on_chunk(recipe, resolution, self.world, self.device, self.rank)
+        recipe = self.recipe = saved_recipe(recipe, resolution)
         # Everything below up to the model is checked by every rank on the same inputs: all
         # raise alike, none is left waiting in a collective.
         check_world(recipe, self.world)
@@ -89,8 +88,8 @@ class Trainer:
         self.info = model_info(self.engine.model)
         self.tokenizer = get_tokenizer(recipe.model.name)
         # Raises DataError (missing paths, fewer samples than one global batch) on every rank.
-        # data's `auto` values resolved for this rank's device only (the recipe keeps "auto").
-        self.data = build_train_data(resolve_data(recipe, self.world, self.device).data, rank=self.rank,
+        # data's `auto` values as this rank resolved them (the saved recipe keeps "auto").
+        self.data = build_train_data(resolution.recipe.data, rank=self.rank,
                                      world_size=self.world, local_batch=recipe.local_batch(self.world),
                                      seed=recipe.model.seed,
                                      image_size=self.info["image_size"], tokenizer=self.tokenizer,
@@ -200,6 +199,7 @@ class Trainer:
         lap, batches = time.perf_counter(), self._batches()
         deepspeed_engine = self.engine.deepspeed
         results, start = {}, self.step
+        pool = PoolRate(self.data.decoder)
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
             if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
@@ -227,7 +227,8 @@ class Trainer:
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
-                       "decode_wait_s": decode_wait, "host_bytes_per_sample": host_bytes,
+                       "decode_wait_s": decode_wait, "decode_rows_per_process_s": pool.since_last(),
+                       "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.
                        "graphs_compiled": graphs_compiled()}

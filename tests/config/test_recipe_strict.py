@@ -26,7 +26,8 @@ BOOLEANS = [
     ("optimizer.grad_clip=yes", "optimizer.grad_clip must be a number, got True"),
     ("optimizer.betas=[0.9, true]", "optimizer.betas[1] must be a number, got True"),
     ("schedule.min_lr_ratio=off", "schedule.min_lr_ratio must be a number, got False"),
-    ("data.decode_window_gib=on", "data.decode_window_gib must be a number, got True"),
+    ("data.decode_window_gib=on", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, got True"),
+    ("data.gpu_decode_window_gib=auto", "data.gpu_decode_window_gib must be a number, got 'auto'"),
     ("data.keep_decoded_gib=true", "data.keep_decoded_gib must be auto or a number from 0 to 16,384, got True"),
     ("data.gpu_decode_share=yes", "data.gpu_decode_share must be auto or a number from 0 to 1, got True"),
     ("distributed.timeout=yes", "distributed.timeout must be a number of minutes from 1/60 (one second) to 525,600 (a year), "
@@ -35,7 +36,10 @@ BOOLEANS = [
 ]
 # Sizes and counts beyond what a machine (or the run's bookkeeping) holds.
 BOUNDS = [
-    ("data.decode_window_gib=1.0e+308", "data.decode_window_gib must be <= 16,384, got 1e+308"),
+    ("data.decode_window_gib=1.0e+308", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, "
+                                        "got 1e+308"),
+    ("data.decode_window_gib=0", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, got 0"),
+    ("data.gpu_decode_window_gib=0", "data.gpu_decode_window_gib must be > 0, got 0"),
     ("data.keep_decoded_gib=1.0e+308", "data.keep_decoded_gib must be auto or a number from 0 to 16,384, got 1e+308"),
     (f"batch.global={2 * 10 ** 62}", f"batch.global must be <= 1,073,741,824, got {2 * 10 ** 62}"),
     (f"batch.chunk={2 ** 40}", f"batch.chunk must be an integer from 1 to 1,073,741,824 or auto, got {2 ** 40}"),
@@ -102,6 +106,8 @@ GOOD = [
     (f"data.keep_decoded_gib={MAX_GIB}", lambda r: r.data.keep_decoded_gib == MAX_GIB),
     ("data.gpu_decode_share=1", lambda r: r.data.gpu_decode_share == 1.0),
     (f"data.decode_window_gib={MAX_GIB}", lambda r: r.data.decode_window_gib == MAX_GIB),
+    ("data.decode_window_gib=auto", lambda r: r.data.decode_window_gib == "auto"),
+    ("data.gpu_decode_window_gib=0.5", lambda r: r.data.gpu_decode_window_gib == 0.5),
     (f"data.workers={MAX_PROCESSES}", lambda r: r.data.workers == MAX_PROCESSES),
     (f"batch.global={MAX_SAMPLES}", lambda r: r.data.synthetic_size == MAX_SAMPLES),  # one global batch
     (f"data.image_bytes={MAX_IMAGE_BYTES}", lambda r: r.data.image_bytes == MAX_IMAGE_BYTES),
@@ -208,14 +214,15 @@ def test_each_override_section_refuses_the_other_s_keys_in_one_line(assignment, 
 
 def test_float8_on_a_cpu_rank_is_a_recipe_error_before_any_collective():
     from infcl_ds.training.build import build_engine
-    from infcl_ds.training.resolve import resolve_auto_chunk
+    from infcl_ds.training.resolve import resolve_recipe
     from infcl_ds.config import RecipeError
     recipe = load_recipe(None, ["model.float8=true", "model.compile=false"])
     message = (r"^recipe: model.float8=true needs a CUDA GPU with float8 tensor cores .*; this rank runs on cpu\. "
                r"Use model.float8: false, or emulate to check its numerics \(slow\)$")
     with pytest.raises(RecipeError, match=message):
         build_engine(recipe, 1, torch.device("cpu"))
-    # batch.chunk: auto agrees on the chunk in a collective: refused before it (no process group here).
+    # batch.chunk: auto agrees on the chunk in a collective: refused before the plan that precedes it
+    # (no process group here).
     auto = load_recipe(None, ["model.float8=true", "batch.chunk=auto"])
     with pytest.raises(RecipeError, match=message):
-        resolve_auto_chunk(auto, 2, torch.device("cpu"), rank=0)
+        resolve_recipe(auto, 2, torch.device("cpu"), rank=0)

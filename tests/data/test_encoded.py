@@ -123,22 +123,27 @@ def test_the_planner_counts_the_decode_window_and_its_processes():
     rows = 2 ** 30 // row  # 7,133 rows of 224 px in 1 GiB: 223 slots of 32
     assert footprint.decode_pool_bytes(recipe.data, 32768, 224) == 223 * 32 * row + 14 * footprint.DECODE_WORKER_RESERVE
     assert rows == 7133
-    # At most a local batch, at least two slots per process.
+    # At most two local batches (the furthest the pool decodes ahead), at least two slots per process.
+    assert footprint.pool_window_rows(recipe.data, 1000, 224) == 2000
     assert footprint.decode_pool_bytes(recipe.data, 100, 224) == 28 * 32 * row + 14 * footprint.DECODE_WORKER_RESERVE
-    # The GPU decoder's window is on the device: all of it with nvjpeg (and no processes), the
-    # GPU's share with hybrid; none with the CPU decoders.
+    # The GPU decoder's window is on the device (data.gpu_decode_window_gib): all of its rows with
+    # nvjpeg (and no processes), at most its share of two local batches; none with the CPU decoders.
     assert footprint.device_window_rows(recipe.data, 32768, 224) == 0
-    nvjpeg = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1"])
+    nvjpeg = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.gpu_decode_window_gib=1"])
     assert footprint.device_window_rows(nvjpeg.data, 32768, 224) == rows and footprint.decode_pool_bytes(nvjpeg.data, 32768, 224) == 0
-    assert footprint.device_window_rows(nvjpeg.data, 100, 224) == 100
-    hybrid = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=hybrid", "data.decode_window_gib=1",
+    assert footprint.device_window_rows(nvjpeg.data, 100, 224) == 200
+    hybrid = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=hybrid", "data.gpu_decode_window_gib=1",
                                 "data.gpu_decode_share=0.25"])
-    assert footprint.device_window_rows(hybrid.data, 32768, 224) == int(rows * 0.25)
-    kept = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.decode_window_gib=1",
+    assert footprint.device_window_rows(hybrid.data, 32768, 224) == rows
+    assert footprint.device_window_rows(hybrid.data, 1000, 224) == 500
+    kept = load_recipe(None, ["model.name=ViT-B-16", "data.decoder=nvjpeg", "data.gpu_decode_window_gib=1",
                               "data.keep_decoded_gib=0", "batch.chunk=256"])
     from infcl_ds.plan import memory
     from infcl_ds.engine.tower_footprint import estimate_model
     assert memory.DEVICE_WINDOW in memory.gpu_memory(estimate_model("ViT-B-16"), kept, 1).phases[memory.ENCODER_PASS]
+    # An unresolved window is the trainer's to resolve, said in one line naming the key.
+    with pytest.raises(DataError, match=r"^data.decode_window_gib=auto is resolved by the trainer"):
+        footprint.decode_pool_bytes(load_recipe(None, ["data.decode_workers=2"]).data, 100, 224)
 
 
 def test_a_piece_with_no_decodable_image_is_a_data_error(tmp_path, tokenizer):
@@ -240,15 +245,18 @@ def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, token
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
     from infcl_ds.data.footprint import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
-    from infcl_ds.training.resolve import resolve_decoder
+    from infcl_ds.plan.machine import split_cores
+    from infcl_ds.plan.auto_values import RankSizes
+    from infcl_ds.training.resolve import resolve_recipe
+    sizes = RankSizes(80 * 2 ** 30, 1, split_cores(16, 1), 256 * 2 ** 30)
     for decoder in ("nvjpeg", "hybrid"):
         recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": decoder}})
         with pytest.raises(DataError, match=f"data.decoder={decoder} decodes on the GPU"):
-            resolve_decoder(recipe, torch.device("cpu"))
+            resolve_recipe(recipe, 1, torch.device("cpu"), 0)
     recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
                                              "decode_workers": 6}})
-    share = resolve_decoder(recipe, torch.device("cuda", 0)).data.gpu_decode_share
+    share = resolve_recipe(recipe, 1, torch.device("cuda", 0), 0, sizes).recipe.data.gpu_decode_share
     assert share == pytest.approx(NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + 6 * DECODE_RATES_PER_WORKER["pil"]))
     fixed = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
                                             "gpu_decode_share": 0.25}})
-    assert resolve_decoder(fixed, torch.device("cuda", 0)).data.gpu_decode_share == 0.25
+    assert resolve_recipe(fixed, 1, torch.device("cuda", 0), 0, sizes).recipe.data.gpu_decode_share == 0.25

@@ -1,7 +1,7 @@
-"""`data.decoder: auto`: PIL's processes where they keep up with the planned step,
-else hybrid (the GPU decodes a share of each chunk beside them), pil on a CPU rank
-(plan.auto_decoder, resolved per rank at start-up by training/resolve.py), and said by the
-planner with its reason."""
+"""`data.decoder: auto`: PIL's processes where the engine does not wait for them in the planned
+step, else hybrid (the GPU decodes a share of each chunk beside them) where that makes the step
+shorter, pil on a CPU rank (plan/auto_values.py's one plan, asked per rank at start-up by
+training/resolve.py), and said by the planner with its reason."""
 import re
 
 import pytest
@@ -12,7 +12,8 @@ from infcl_ds.data import DataError, build_train_data
 from infcl_ds.data.footprint import DECODE_RATES_PER_WORKER
 from infcl_ds.plan.command import main as plan_main
 from infcl_ds.plan.machine import split_cores
-from infcl_ds.plan.plan import auto_chunk, auto_decoder, make_plan, recipe_with
+from infcl_ds.plan.plan import make_plan
+from infcl_ds.plan.auto_values import RankSizes, recipe_with, resolve_autos
 from infcl_ds.training import resolve
 
 GIB = 1 << 30
@@ -20,25 +21,30 @@ H200 = 141 * GIB
 RECIPES = "ds_configs/recipes"
 
 
+def auto_decoder(recipe, gpus, gpu_memory, per_node, share, host=256 * GIB):
+    """What `data.decoder: auto` becomes in the one plan of a rank with these sizes."""
+    return resolve_autos(recipe, gpus, RankSizes(gpu_memory, per_node, share, host)).choice("data.decoder")
+
+
 def test_pil_where_its_processes_keep_up_else_hybrid():
     share = split_cores(16, 1)
-    # ViT-L-14 at 16k: a 25 s step needs ~660 decodes/s; 13 processes (16 cores less the training
-    # process and 2 readers) give 2,210.
+    # ViT-L-14 at 16k: a 25 s step needs ~660 decodes/s; 14 processes (16 cores less the training
+    # process and the readers' core) give 2,380.
     slow = load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "data.source=webdataset", "data.train=x",
                               "data.decoder=auto"])
     chosen = auto_decoder(slow, 1, H200, 1, share)
-    assert chosen.name == "pil" and chosen.why.startswith("13 PIL processes decode 2,210 samples/s of the ")
+    assert chosen.value == "pil" and chosen.why.startswith("14 PIL processes decode 2,380 samples/s of the ")
     assert chosen.why.endswith("they keep up, with open_clip's pixels exactly")
     # ViT-B-32 at 512k on one GPU: each step needs more than the 14 processes give.
-    fast = load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml")
+    fast = load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml", ["data.decoder=auto"])
     chosen = auto_decoder(fast, 1, H200, 1, share)
-    assert chosen.name == "hybrid" and chosen.why.endswith("the GPU decodes a share of each chunk beside them")
+    assert chosen.value == "hybrid" and chosen.why.endswith("the GPU decodes a share of each chunk beside them")
     given, needed = (float(x.replace(",", "")) for x in
                      re.match(r"14 PIL processes decode ([\d,]+) samples/s of the ([\d,]+) a ", chosen.why).groups())
     assert given == 14 * DECODE_RATES_PER_WORKER["pil"] < needed
     # Fewer cores, fewer processes: ViT-L-14 binds on a 2-core share (1 process).
-    assert auto_decoder(slow, 1, H200, 1, split_cores(2, 1)).name == "hybrid"
-    assert auto_decoder(recipe_with(slow, "data", host_batch="decoded"), 1, H200, 1, share).name == "pil"
+    assert auto_decoder(slow, 1, H200, 1, split_cores(2, 1)).value == "hybrid"
+    assert auto_decoder(recipe_with(slow, "data", host_batch="decoded"), 1, H200, 1, share).value == "pil"
 
 
 def test_the_plan_says_what_auto_becomes_and_plans_with_it(capsys):
@@ -46,39 +52,46 @@ def test_the_plan_says_what_auto_becomes_and_plans_with_it(capsys):
             "--host-memory", "256GiB", "--cores", "16", "--set", "data.decoder=auto"]
     assert plan_main(argv) == 0
     out = capsys.readouterr().out
-    assert "\n  data.decoder=auto: hybrid (14 PIL processes decode 2,380 samples/s of the " in out
-    assert "available from 14 decode processes at the measured 170 per process and the GPU's decoder" in out
+    assert "\n  auto: data.decoder=hybrid (14 PIL processes decode 2,380 samples/s of the " in out
+    assert re.search(r"/s from 14 decode processes at the measured 170 per process, their window [\d.]+ GiB "
+                     r"\([\d,]+ rows\) and the GPU's decoder at the measured 2,150", out)
     # With data.decode_workers: auto the processes leave the GPU decoder's lane thread its core.
     assert plan_main([*argv, "--set", "data.decode_workers=auto"]) == 0
     out = capsys.readouterr().out
-    assert "data.decoder=auto: hybrid (13 PIL processes decode 2,210 samples/s of the " in out
-    assert "data.decode_workers=auto: 12 per rank (16 cores of each rank's share, less the training process, " \
-           "2 readers and the GPU decoder's lane thread)" in out
+    assert "auto: data.decoder=hybrid (14 PIL processes decode 2,380 samples/s of the " in out
+    assert "data.decode_workers=13 (16 cores of each rank's share, less the training process, " \
+           "2 readers (one core) and the GPU decoder's lane thread)" in out
     plan = make_plan(load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml", ["data.decoder=auto"]), 1, H200, 1, 256 * GIB,
                      cores=16)
-    assert plan.recipe.data.decoder == plan.decoder.name == "hybrid"
+    assert plan.recipe.data.decoder == plan.choice("data.decoder").value == "hybrid"
     named = make_plan(load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml", ["data.decoder=pil"]), 1, H200, 1,
                       256 * GIB, cores=16)
-    assert named.decoder is None and named.recipe.data.decoder == "pil"
+    assert named.choice("data.decoder") is None and named.recipe.data.decoder == "pil"
     assert plan_main([*argv, "--set", "data.decoder=pil"]) == 0
-    assert "data.decoder=auto" not in capsys.readouterr().out
+    assert "auto: data.decoder=" not in capsys.readouterr().out
     # The chunk `auto` plans is the one for the decoder `auto` becomes (hybrid's window on the GPU).
     recipe = load_recipe(f"{RECIPES}/vit-l14-4m-8gpu.yaml", ["batch.chunk=auto", "data.decoder=auto"])
-    assert auto_chunk(recipe, 8, 24 * GIB) == auto_chunk(recipe_with(recipe, "data", decoder="hybrid"), 8, 24 * GIB)
+    sizes = RankSizes(24 * GIB, 8, split_cores(128, 8), 2048 * GIB)
+    resolved = resolve_autos(recipe, 8, sizes)
+    named = resolve_autos(recipe_with(recipe, "data", decoder=resolved.recipe.data.decoder), 8, sizes)
+    assert resolved.recipe.batch.chunk == named.recipe.batch.chunk
 
 
-def test_each_rank_resolves_it_at_start_up_and_says_it_once(capsys, monkeypatch):
+def test_each_rank_resolves_it_at_start_up_and_says_it_once(capsys):
     recipe = load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml", ["data.decoder=auto"])
-    cpu = resolve.resolve_auto_decoder(recipe, 1, torch.device("cpu"), rank=0)
-    assert cpu.data.decoder == "pil" and recipe.data.decoder == "auto"
-    assert capsys.readouterr().err == "data.decoder=auto: pil (no GPU on this rank)\n"
+    cpu = resolve.resolve_recipe(recipe, 1, torch.device("cpu"), rank=0)
+    assert cpu.recipe.data.decoder == "pil" and recipe.data.decoder == "auto"
+    assert cpu.choice("data.decoder").text() == "data.decoder=pil (no GPU on this rank)"
+    resolve.agree_on_chunk(recipe, cpu, 1, torch.device("cpu"), rank=0)
+    assert capsys.readouterr().err == "auto: data.decoder=pil (no GPU on this rank); data.keep_decoded_host_gib=0 " \
+                                      "(a CPU rank); data.decode_window_gib=1 (a CPU rank)\n"
     # A GPU rank: the planner's choice for its GPU and its share of the node's cores.
-    monkeypatch.setattr(resolve, "_gpu_memory_and_count", lambda device: (H200, 1))
-    monkeypatch.setattr(resolve, "_rank_share", lambda device: split_cores(16, 1))
-    gpu = resolve.resolve_auto_decoder(recipe, 1, torch.device("cuda", 0), rank=1)
-    assert gpu.data.decoder == "hybrid" and capsys.readouterr().err == ""  # said by rank 0 only
+    sizes = RankSizes(H200, 1, split_cores(16, 1), 256 * GIB)
+    gpu = resolve.resolve_recipe(recipe, 1, torch.device("cuda", 0), rank=1, sizes=sizes)
+    resolve.agree_on_chunk(recipe, gpu, 1, torch.device("cuda", 0), rank=1)
+    assert gpu.recipe.data.decoder == "hybrid" and capsys.readouterr().err == ""  # said by rank 0 only
     named = recipe_with(recipe, "data", decoder="pil")
-    assert resolve.resolve_auto_decoder(named, 1, torch.device("cuda", 0), rank=0) is named
+    assert resolve.resolve_recipe(named, 1, torch.device("cuda", 0), rank=0, sizes=sizes).choice("data.decoder") is None
     synthetic = load_recipe(None, ["data.source=synthetic", "batch.global=8", "batch.chunk=8", "data.decoder=auto"])
-    with pytest.raises(DataError, match=r"^data.decoder=auto is resolved by the trainer \(plan.auto_decoder\)"):
+    with pytest.raises(DataError, match=r"^data.decoder=auto is resolved by the trainer \(plan/auto_values.py\)"):
         build_train_data(synthetic.data, rank=0, world_size=1, local_batch=8, seed=0, image_size=8, tokenizer=None)

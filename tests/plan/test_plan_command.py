@@ -36,9 +36,15 @@ def test_12m_recipe_fits_and_names_binding_limit(rates, capsys):
     plan = make_plan(recipe, 32, 80 * GIB, rates=rates)
     assert plan.fits and plan.image_bytes == footprint.DEFAULT_IMAGE_BYTES
     assert plan.host[mem.INPUTS] == 8 * (2 * 393_216 + 2 * 2 * 256) * (32 * 1024 + 4 * 77 + 28)
-    # The decode pool's window: 4 GiB of 224 px rows (28,532), in slots of 32 rows, and 7 processes' heaps.
-    assert plan.host[mem.DECODING] == 8 * (892 * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))
-    assert plan.host_bytes < decoded.host_bytes / 3
+    # The decode pool's window (auto: the rows with which the processes run through the whole step),
+    # in slots of 32 rows of 224 px, and 7 processes' heaps.
+    # The rows the pool keeps between the passes (auto: those the GPU does not) are in it too.
+    rows = footprint.kept_rows(plan.choice("data.decode_window_gib").value, 224)
+    assert rows == footprint.pool_window_rows(plan.recipe.data, 393_216, 224) > 32 * 2 * 7
+    on_host = plan.decoding.overlap.shape.host_kept
+    assert on_host == footprint.kept_rows(plan.choice("data.keep_decoded_host_gib").value, 224) > 0
+    assert plan.host[mem.DECODING] == 8 * (-(-(rows + on_host) // 32) * 32 * 3 * 224 ** 2 + 7 * (GIB // 10))
+    assert plan.host[mem.INPUTS] < decoded.host[mem.INPUTS] / 3
     assert plan.step_seconds > 0 and plan.time.hop is not None and plan.time.hop.hidden
     assert main(["--config", str(RECIPES / "vit-l14-12m-32gpu.yaml"), "--gpu-memory", "80GiB"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -151,7 +157,9 @@ def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(cap
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-2].startswith("fits: ") and out[-2].endswith("(assumed 80 GiB GPUs: this node has none; pass --gpu-memory)")
-    decoding = next(line for line in out if line.strip().startswith("decoding:"))
-    assert "data.decode_workers=" not in decoding and "decode processes per rank would be needed" in decoding
+    at = next(i for i, line in enumerate(out) if line.strip().startswith("decoding:"))
+    decoding = "\n".join(out[at:at + 5])
+    assert "data.decode_workers=" not in decoding
+    assert "decode processes a rank would keep up, more than a node has cores" in decoding
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", "--gpu-memory", "24GiB"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-2].endswith("of 24 GiB")

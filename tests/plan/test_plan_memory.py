@@ -183,13 +183,18 @@ def test_auto_keeps_every_chunk_where_it_fits_and_whole_chunks_in_what_is_left(r
     """data.keep_decoded_gib: auto (the default) keeps the whole local batch decoded where the
     GPU has room (ViT-B-16 at 32k on one 141 GB GPU), whole chunks of it in what the chunk
     leaves on a smaller GPU, and nothing where nothing is left."""
-    from infcl_ds.plan.plan import AUTO_CHUNK_MEMORY_SHARE, auto_keep_gib
+    from infcl_ds.plan.machine import split_cores
+    from infcl_ds.plan.auto_values import AUTO_CHUNK_MEMORY_SHARE, RankSizes, resolve_autos
+
+    def auto_keep_gib(recipe, gpus, gpu_memory):
+        sizes = RankSizes(gpu_memory, gpus, split_cores(16 * gpus, gpus), 256 * GIB)
+        return resolve_autos(recipe, gpus, sizes).recipe.data.keep_decoded_gib
     # PIL's processes: the GPU decoder's window (data.decoder=auto's hybrid here) is not in the room counted below.
     recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=32768", "batch.chunk=1024",
                                 "data.source=synthetic", "data.decoder=pil"])
     row = 3 * 224 ** 2
     big = make_plan(recipe, 1, 141 * GIB, rates=rates)
-    assert big.gpu.components[mem.PIXELS_KEPT] == 32768 * row and big.inputs.needed * big.time.total == 32768
+    assert big.gpu.components[mem.PIXELS_KEPT] == 32768 * row and big.decoding.decodes == 32768
     bare = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=32768", "batch.chunk=1024",
                                         "data.keep_decoded_gib=0", "data.decoder=pil"]), 1, 80 * GIB,
                      rates=rates).peak_gpu_bytes
@@ -252,7 +257,8 @@ def test_host_memory_just_short_of_the_need_is_refused(rates):
     """The growth factor counts every fixed part of the host need (the decode pool's pieces
     and the processes' reserve): a node one byte short of the planned total does not fit, one
     at the total does, and the growth factor is exactly 1 there."""
-    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml")
+    # a window of its own: `auto` would size it within the node's memory, whatever that is
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_window_gib=4"])
     need = sum(make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates).host.values())
     short = make_plan(recipe, 1, 139 * GIB, 1, need - 1, rates=rates)
     exact = make_plan(recipe, 1, 139 * GIB, 1, need, rates=rates)
@@ -302,31 +308,61 @@ def test_encoded_host_memory_from_the_shards_bytes(tmp_path, rates):
     given = make_plan(tiny("data.image_bytes=1000"), 2, 80 * GIB, rates=rates)
     assert given.image_bytes == 1000 and given.image_bytes_source == "data.image_bytes"
     decoded = make_plan(tiny("data.host_batch=decoded"), 2, 80 * GIB, rates=rates)
-    assert decoded.host[mem.INPUTS] == 2 * held * (3 * 16 ** 2 + 8 * context) and decoded.inputs is None
+    assert decoded.host[mem.INPUTS] == 2 * held * (3 * 16 ** 2 + 8 * context) and decoded.decoding is None
 
 
 @pytest.mark.parametrize("name,gpus,gib", [("vit-b16-1m-8gpu", 8, 80), ("vit-l14-4m-8gpu", 8, 80),
-                                           ("vit-l14-4m-8gpu", 8, 24), ("vit-b32-512k-1gpu", 1, 141)])
-def test_chunk_auto_is_the_largest_power_of_two_that_fits(name, gpus, gib):
-    """batch.chunk=auto: the planner's largest power of two (capped at AUTO_CHUNK_MAX and the
-    local batch) whose planned peak is within 90% of the GPU's memory; twice it is not."""
-    from infcl_ds.plan.plan import AUTO_CHUNK_MAX, auto_chunk, recipe_with
-    recipe = load_recipe(RECIPES / f"{name}.yaml", ["batch.chunk=auto"])
-    chunk = auto_chunk(recipe, gpus, gib * GIB)
+                                           ("vit-l14-4m-8gpu", 8, 24), ("vit-b32-512k-1gpu", 1, 141),
+                                           ("vit-b16-1m-8gpu", 4, 80)])
+def test_chunk_auto_is_the_largest_power_of_two_whose_step_is_as_short(name, gpus, gib):
+    """batch.chunk=auto: a power of two (at most AUTO_CHUNK_MAX) whose planned peak is within
+    90% of the GPU's memory; each larger one either does not fit or makes a longer step (it
+    leaves less room to keep decoded rows for the grad pass)."""
+    from infcl_ds.plan.machine import split_cores
+    from infcl_ds.plan.auto_values import AUTO_CHUNK_MAX, RankSizes, recipe_with, resolve_autos
+    recipe = load_recipe(RECIPES / f"{name}.yaml", ["batch.chunk=auto", "data.keep_decoded_gib=auto"])
+    sizes = RankSizes(gib * GIB, gpus, split_cores(16 * gpus, gpus), 2048 * GIB)
+    chosen = resolve_autos(recipe, gpus, sizes)
+    chunk = chosen.recipe.batch.chunk
     assert chunk & (chunk - 1) == 0 and chunk <= AUTO_CHUNK_MAX
 
-    def peak(c):
-        return make_plan(recipe_with(recipe, "batch", chunk=c), gpus, gib * GIB).peak_gpu_bytes
-    assert peak(chunk) <= 0.9 * gib * GIB
-    if chunk < AUTO_CHUNK_MAX:
-        assert peak(2 * chunk) > 0.9 * gib * GIB
-    plan = make_plan(recipe, gpus, gib * GIB)  # `auto` in a plan: the same choice, reported
-    assert plan.recipe.batch.chunk == chunk
+    def planned(c):
+        return make_plan(recipe_with(recipe, "batch", chunk=c), gpus, gib * GIB, gpus, 2048 * GIB, cores=16 * gpus)
+    assert planned(chunk).peak_gpu_bytes <= 0.9 * gib * GIB
+    larger = chunk * 2
+    while larger <= AUTO_CHUNK_MAX:
+        plan = planned(larger)
+        assert plan.peak_gpu_bytes > 0.9 * gib * GIB or plan.step_seconds > planned(chunk).step_seconds
+        larger *= 2
+    plan = make_plan(recipe, gpus, gib * GIB, gpus, 2048 * GIB, cores=16 * gpus)  # a plan: the same choice, said
+    assert plan.recipe.batch.chunk == chunk and plan.choice("batch.chunk").value == chunk
+
+
+def test_every_row_is_decoded_once_at_a_million_on_80_gb_gpus():
+    """ViT-B-16 at 256k per 80 GiB GPU (1M on 4): at the largest chunk that fits the GPU keeps
+    225k of the 262k rows, and the decode pool's window keeps the rest (keep_decoded_host_gib:
+    auto): every row decoded once. Without the window's rows, a smaller chunk that lets the GPU
+    keep them all is the shorter step (PIL's processes would decode 37k rows twice), and the plan
+    takes it, though its towers are slower."""
+    from infcl_ds.plan.machine import split_cores
+    from infcl_ds.plan.auto_values import RankSizes, recipe_with, resolve_autos
+    sizes = RankSizes(80 * GIB, 4, split_cores(64, 4), 503 * GIB)
+    recipe = load_recipe(RECIPES / "vit-b16-1m-8gpu.yaml", ["batch.chunk=auto", "data.keep_decoded_gib=auto",
+                                                            "data.decode_workers=auto"])
+    resolved = resolve_autos(recipe, 4, sizes)
+    assert resolved.recipe.batch.chunk == 512 and resolved.decoding.decodes == 262_144
+    assert resolved.choice("data.keep_decoded_gib").why == "225,280 of 262,144 rows"
+    assert resolved.choice("data.keep_decoded_host_gib").why == "the 36,864 rows the GPU does not keep"
+    without = resolve_autos(recipe_with(recipe, "data", keep_decoded_host_gib=0.0), 4, sizes)
+    assert without.recipe.batch.chunk == 256 and without.decoding.decodes == 262_144
+    assert without.choice("data.keep_decoded_gib").why == "all 262,144 rows"
+    assert without.time.encoders > resolved.time.encoders
 
 
 def test_chunk_auto_that_cannot_fit_is_a_plan_error():
+    from infcl_ds.plan.machine import split_cores
     from infcl_ds.plan.refusal import PlanError
-    from infcl_ds.plan.plan import auto_chunk
+    from infcl_ds.plan.auto_values import RankSizes, resolve_autos
     recipe = load_recipe(RECIPES / "vit-l14-4m-8gpu.yaml", ["batch.chunk=auto"])
     with pytest.raises(PlanError, match="batch.chunk=auto: not even a chunk of 1 fits"):
-        auto_chunk(recipe, 8, 2 * GIB)
+        resolve_autos(recipe, 8, RankSizes(2 * GIB, 8, split_cores(128, 8), 2048 * GIB))

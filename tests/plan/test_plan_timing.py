@@ -12,7 +12,8 @@ from infcl_ds.plan import memory as mem
 from infcl_ds.plan.command import main
 from infcl_ds.plan import calibrate
 from infcl_ds.engine.tower_footprint import ACTIVATION_CALIBRATION, estimate_model
-from infcl_ds.plan.timing import COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS, MEASURED_ENCODER_RATES
+from infcl_ds.plan.timing import (CHUNK_HALVING_SLOWDOWN, COMPILED_ENCODER_RATES, DEFAULT_ENCODER_TFLOPS,
+                                 MEASURED_ENCODER_RATES, chunk_factor)
 
 GIB = 1 << 30
 RECIPES = Path(__file__).resolve().parents[2] / "ds_configs" / "recipes"
@@ -72,14 +73,19 @@ def test_step_time_follows_the_engine_phases(rates, monkeypatch):
     compiled = COMPILED_ENCODER_RATES["ViT-B-16"]
     assert compiled.forward + compiled.forward_backward < measured.forward + measured.forward_backward
     for value in ("auto", "true"):
-        t = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", f"model.compile={value}"]), 2,
-                      141 * GIB, rates=rates).time
+        t = make_plan(load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", f"model.compile={value}",
+                                         f"batch.chunk={compiled.chunk}"]), 2, 141 * GIB, rates=rates).time
         assert (t.encode, t.reencode) == (32768 * compiled.forward, 32768 * compiled.forward_backward)
+
     def l14_times():
-        return (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", f"model.compile={v}"]),
-                          1, 141 * GIB, rates=rates).time for v in ("false", "true"))
+        return (make_plan(load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", f"model.compile={v}",
+                                             "batch.chunk=128"]), 1, 141 * GIB, rates=rates).time
+                for v in ("false", "true"))
     eager_l14, compiled_l14 = l14_times()
-    assert compiled_l14.encode == 16384 * COMPILED_ENCODER_RATES["ViT-L-14"].forward < eager_l14.encode
+    at_128 = chunk_factor(128, COMPILED_ENCODER_RATES["ViT-L-14"].chunk)  # measured at 512: two halvings slower
+    assert at_128 == pytest.approx(CHUNK_HALVING_SLOWDOWN ** 2)
+    assert compiled_l14.encode == pytest.approx(16384 * COMPILED_ENCODER_RATES["ViT-L-14"].forward * at_128)
+    assert compiled_l14.encode < eager_l14.encode
     monkeypatch.delitem(COMPILED_ENCODER_RATES, "ViT-L-14")  # as for a model measured eager only
     eager_l14, compiled_l14 = l14_times()
     assert compiled_l14.encoders == eager_l14.encoders and "not measured" in compiled_l14.encoder_source
@@ -102,7 +108,7 @@ def test_step_time_follows_the_engine_phases(rates, monkeypatch):
     from infcl_ds.plan.timing import ZERO3_CHUNK_FLOOR_S, ZERO3_ENCODER_SLOWDOWN
     zero3 = ["model.name=ViT-B-16", "batch.global=65536", "zero.stage=3", "model.compile=false"]
     z3 = make_plan(load_recipe(None, zero3 + ["batch.chunk=2048"]), 2, 141 * GIB, rates=rates).time
-    assert z3.encode == pytest.approx(32768 * measured.forward * ZERO3_ENCODER_SLOWDOWN)
+    assert z3.encode == pytest.approx(32768 * measured.forward * ZERO3_ENCODER_SLOWDOWN * chunk_factor(2048, measured.chunk))
     z3 = make_plan(load_recipe(None, zero3 + ["batch.chunk=128"]), 2, 141 * GIB, rates=rates).time
     assert z3.encode == pytest.approx(256 * ZERO3_CHUNK_FLOOR_S[0])
     assert z3.reencode == pytest.approx(256 * ZERO3_CHUNK_FLOOR_S[1])
@@ -121,21 +127,44 @@ def test_scaling_table(rates, capsys):
     assert table.count("\n| 12M |") == 8 and "transfers hide from b =" in table
 
 
+def test_the_encoders_are_planned_at_the_chunk_they_run_at(rates):
+    """A chunk half as large as the measured one makes the encoder phases CHUNK_HALVING_SLOWDOWN
+    slower; a larger one faster, up to chunk 1,024 (the largest a gain was measured to)."""
+    compiled = COMPILED_ENCODER_RATES["ViT-B-16"]  # measured at chunk 1,024
+
+    def encoders(chunk):
+        recipe = load_recipe(None, ["model.name=ViT-B-16", "batch.global=65536", f"batch.chunk={chunk}"])
+        return make_plan(recipe, 2, 141 * GIB, rates=rates).time.encoders
+    at_measured = 32768 * (compiled.forward + compiled.forward_backward)
+    assert encoders(1024) == pytest.approx(at_measured)
+    assert encoders(256) == pytest.approx(at_measured * CHUNK_HALVING_SLOWDOWN ** 2)
+    assert encoders(2048) == pytest.approx(at_measured)
+    assert chunk_factor(512, 256) == pytest.approx(1 / CHUNK_HALVING_SLOWDOWN) and chunk_factor(4096, 256) == \
+        pytest.approx(CHUNK_HALVING_SLOWDOWN ** -2)
+
+
 def test_decoding_rate_binds_the_step(rates, capsys):
-    """2 x local batch / step decodes per second per rank; too few decode processes make the
-    planned step the decoding time, and the report says how many would do."""
-    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2", "data.keep_decoded_gib=0"])
+    """2 x local batch decodes per step per rank; too few decode processes make the engine wait
+    for them (plan/overlap.py) at least the decoding time beyond the compute, whatever the
+    window, and the report says how many processes would keep up."""
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2", "data.keep_decoded_gib=0",
+                                                              "data.keep_decoded_host_gib=0"])
     plan = make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates)
-    rate = plan.inputs
-    assert rate.needed == pytest.approx(2 * 524_288 / plan.time.total) and rate.binds
-    assert plan.step_seconds == pytest.approx(plan.time.total * rate.needed / rate.available)
+    decoding = plan.decoding
+    assert decoding.decodes == 2 * 524_288 and decoding.binds and decoding.overlap.rate_binds
+    assert decoding.needed == pytest.approx(2 * 524_288 / plan.time.total)
+    assert decoding.overlap.bound_s == pytest.approx(2 * 524_288 / decoding.available - plan.time.total)
+    assert plan.step_seconds == pytest.approx(plan.time.total + decoding.wait_s)
+    assert decoding.wait_s >= decoding.overlap.bound_s - 1e-6
     assert main(["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--gpus", "1", "--gpu-memory", "139GiB",
-                 "--host-memory", "128GiB", "--set", "data.decode_workers=2", "--set", "data.keep_decoded_gib=0"]) == 0
+                 "--host-memory", "128GiB", "--set", "data.decode_workers=2", "--set", "data.keep_decoded_gib=0",
+                 "--set", "data.keep_decoded_host_gib=0"]) == 0
     out = capsys.readouterr().out
-    assert f"set data.decode_workers={rate.workers_needed()}" in out
+    assert "decoding binds: a steady step waits " in out
+    assert f"    - {decoding.workers_needed()} decode processes a rank (" in out
     # Chunks kept decoded on the GPU between the passes are decoded once: the recipe keeps all.
     kept = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml"), 1, 139 * GIB, 1, 128 * GIB, rates=rates)
-    assert kept.inputs.needed == pytest.approx(524_288 / kept.time.total)
+    assert kept.decoding.needed == pytest.approx(524_288 / kept.time.total)
     assert kept.gpu.components[mem.PIXELS_KEPT] == 524_288 * 3 * 224 ** 2 and kept.fits
     # Decoded host batches of 524,288 need more than the 128 GiB host: refused.
     decoded = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.host_batch=decoded"]), 1, 139 * GIB, 1,
@@ -146,17 +175,24 @@ def test_decoding_rate_binds_the_step(rates, capsys):
 def test_decodes_follow_the_engines_passes():
     """Two passes decode every row twice (less the kept ones); a local batch of one chunk is
     encoded once (engine.step.engine_passes), and decoded once, unless ZeRO-3 forces two."""
+    from types import SimpleNamespace
+
     from infcl_ds.config import load_recipe
     from infcl_ds.engine.step import engine_passes
-    from infcl_ds.plan.timing import input_rate
+    from infcl_ds.plan.timing import decoding
     base = ["model.name=ViT-B-16", "data.source=webdataset", "data.train=x", "batch.global=1024",
-            "data.decode_workers=14", "data.decoder=pil"]  # resolved, as make_plan hands them on
+            "data.decode_workers=14", "data.decoder=pil", "data.decode_window_gib=1",
+            "data.keep_decoded_host_gib=0"]  # resolved, as make_plan does
+    time = SimpleNamespace(encode=0.25, loss=0.0, reencode=0.75)
+
+    def decodes(recipe, kept=0):
+        return decoding(recipe, 1024, time, kept, 224).decodes
     chunked = load_recipe(None, [*base, "batch.chunk=256"])
-    assert input_rate(chunked, 1024, 1.0, kept_rows=512).needed == 2 * 1024 - 512
+    assert decodes(chunked, kept=512) == 2 * 1024 - 512
     one = load_recipe(None, [*base, "batch.chunk=1024"])
-    assert engine_passes(1, 2) == 1 and input_rate(one, 1024, 1.0).needed == 1024
+    assert engine_passes(1, 2) == 1 and decodes(one) == 1024
     zero3 = load_recipe(None, [*base, "batch.chunk=1024", "zero.stage=3", "model.compile=false"])
-    assert engine_passes(1, 3) == 2 and input_rate(zero3, 1024, 1.0).needed == 2 * 1024
+    assert engine_passes(1, 3) == 2 and decodes(zero3) == 2 * 1024
 
 
 def test_rates_come_from_the_clip_loss_rows_of_a_benchmark_file(tmp_path):

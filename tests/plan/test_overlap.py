@@ -1,0 +1,92 @@
+"""plan/overlap.py: the engine's wait for decoded rows in a steady step, against cases worked out
+by hand (tests/test_decode_stall.py compares it with a real decode pool)."""
+import pytest
+
+from infcl_ds.plan.overlap import (EVENTS_PER_PASS, RATE_MARGIN, Decoder, StepShape, overlap, steady_wait,
+                                   tolerance_s, window_needed)
+
+
+def shape(local=1024, chunk=128, kept=1024, passes=2, encode=1.0, loss=0.0, reencode=3.0):
+    return StepShape(local=local, chunk=chunk, kept=kept, passes=passes, encode_s=encode, loss_s=loss,
+                     reencode_s=reencode)
+
+
+def test_decoders_too_slow_for_the_step_wait_the_difference_whatever_the_window():
+    """1,024 rows a step at 200/s: 5.12 s of decoding for 4 s of compute; with room to run
+    ahead all step long, the engine waits 1.12 s a step, and no window makes it less."""
+    step = shape()
+    result = overlap(step, [Decoder(200.0, 4096)])
+    assert result.bound_s == pytest.approx(1.12) and result.rate_binds
+    assert result.wait_s == pytest.approx(1.12, abs=1e-6) and not result.window_binds
+    assert result.step_s == pytest.approx(5.12, abs=1e-6)
+
+
+def test_the_training_process_decoding_waits_for_every_row():
+    """No window (no decode processes): every chunk is decoded when the engine asks for it."""
+    assert steady_wait(shape(), [Decoder(512.0, 0)]) == pytest.approx(2.0)
+    # rows not kept are decoded again in the grad pass
+    assert steady_wait(shape(kept=512), [Decoder(512.0, 0)]) == pytest.approx(3.0)
+    # one pass over a local batch of one chunk: decoded once
+    assert shape(chunk=1024, passes=1).decodes == 1024
+    assert steady_wait(shape(chunk=1024, passes=1), [Decoder(512.0, 0)]) == pytest.approx(2.0)
+
+
+def test_a_window_smaller_than_the_next_first_pass_needs_makes_it_wait():
+    """300 rows/s keep up with 1,024 rows in a 4 s step, but pass 1 takes 1,024 rows in 1 s: the
+    pool must hold about 1,024 - 300 x 1 rows ahead when the step starts. With 128 it waits
+    for most of them; with what window_needed gives, not at all."""
+    step = shape()
+    small = overlap(step, [Decoder(300.0, 128)])
+    assert small.window_binds and not small.rate_binds
+    # the first chunk is there, the other 896 rows come at 300/s while 7 chunks compute 7/8 s
+    assert small.wait_s == pytest.approx(896 / 300 - 7 / 8, rel=0.02)
+    needed = window_needed(step, [Decoder(300.0, 0)])
+    assert needed % 32 == 0 and steady_wait(step, [Decoder(300.0, needed)]) <= tolerance_s(step)
+    # sized for decoders RATE_MARGIN as fast too: a piece less waits at that rate
+    slower = [Decoder(300.0 * RATE_MARGIN, needed - 32)]
+    assert steady_wait(step, slower) > steady_wait(step, [Decoder(300.0 * RATE_MARGIN, needed)])
+    # the waits fall as the window grows
+    waits = [steady_wait(step, [Decoder(300.0, w)]) for w in (64, 256, 512, 768, needed)]
+    assert waits == sorted(waits, reverse=True)
+
+
+def test_two_decoders_split_each_chunk_and_the_slower_one_sets_the_wait():
+    """hybrid: the processes' rows and the GPU's, each ahead within its own window."""
+    step = shape(kept=0)  # 2,048 rows a step
+    both = overlap(step, [Decoder(200.0, 4096, 0.5), Decoder(3000.0, 4096, 0.5)])
+    assert both.bound_s == pytest.approx(1024 / 200 - 4.0)
+    assert both.wait_s == pytest.approx(both.bound_s, abs=1e-6)
+    fast = overlap(step, [Decoder(3000.0, 4096, 0.2), Decoder(3000.0, 4096, 0.8)])
+    assert fast.wait_s == 0 and fast.bound_s == 0
+    # the GPU's window too small: it binds though its rate would keep up
+    narrow = overlap(step, [Decoder(3000.0, 4096, 0.5), Decoder(400.0, 32, 0.5)])
+    assert narrow.wait_s > overlap(step, [Decoder(3000.0, 4096, 0.5), Decoder(400.0, 4096, 0.5)]).wait_s
+
+
+def test_long_passes_are_simulated_in_groups_of_chunks():
+    """A million-row pass of chunks of 64 is EVENTS_PER_PASS events, not 16,384; the wait the
+    groups give is that of the chunks within a group's compute."""
+    big = shape(local=1 << 20, chunk=64, kept=1 << 20, encode=100.0, reencode=300.0)
+    assert len(big.events()) == 2 * EVENTS_PER_PASS + 1 and big.decodes == 1 << 20
+    exact = shape(local=8192, chunk=64, kept=8192, encode=1.0, reencode=3.0)   # 128 events a pass: exact
+    coarse = shape(local=8192, chunk=16, kept=8192, encode=1.0, reencode=3.0)  # 512 chunks: exact too
+    for window in (512, 2048, 4096):
+        a = steady_wait(exact, [Decoder(2500.0, window)])
+        b = steady_wait(coarse, [Decoder(2500.0, window)])
+        assert abs(a - b) <= 64 / 8192 * 4.0 + 1e-9
+
+
+def test_rows_kept_in_the_pools_window_are_decoded_once_and_held_until_the_grad_pass():
+    """512 of 1,024 rows kept on the GPU, the other 512 in the pool's window: 1,024 decodes a
+    step (not 1,536), and those 512 stay in the window from pass 1 to pass 2, so the window
+    must be larger than they are to decode ahead at all."""
+    step = shape(kept=512)
+    kept_too = StepShape(local=1024, chunk=128, kept=512, passes=2, encode_s=1.0, loss_s=0.0, reencode_s=3.0,
+                         host_kept=512)
+    assert step.decodes == 1536 and kept_too.decodes == 1024
+    only_them = steady_wait(kept_too, [Decoder(300.0, 512 + 32)])
+    assert only_them > steady_wait(kept_too, [Decoder(300.0, 4096)]) + 0.5
+    needed = window_needed(kept_too, [Decoder(300.0, 0)], floor=512 + 32)
+    assert needed > 512 + 32 and steady_wait(kept_too, [Decoder(300.0, needed)]) <= tolerance_s(kept_too)
+    # decoding each row once where twice would bind: 1,536 rows at 300/s is 5.12 s for 4 s of compute
+    assert overlap(step, [Decoder(300.0, 4096)]).rate_binds and not overlap(kept_too, [Decoder(300.0, 4096)]).rate_binds
