@@ -43,7 +43,9 @@ def encoded_batch(shards, samples: int, image_size: int, decode_workers: int, se
     from infcl_ds.data import build_train_data
     section = DataSection(source="webdataset", train=str(shards), workers=min(8, os.cpu_count() or 1), worker_batch=512,
                           host_batch="encoded", decode_workers=decode_workers, decoder=decoder, augment=True,
-                          keep_decoded_gib=0.0, gpu_jpeg_library=gpu_jpeg_library)
+                          keep_decoded_gib=0.0, keep_decoded_host_gib=0.0, gpu_jpeg_library=gpu_jpeg_library,
+                          # room for the whole pass: the rows decode as fast as the decoder goes
+                          decode_window_gib=samples * 3 * image_size ** 2 / 2 ** 30)
     data = build_train_data(section, rank=0, world_size=1, local_batch=samples, seed=seed, image_size=image_size,
                             tokenizer=get_tokenizer("ViT-B-32"))
     return data
@@ -138,8 +140,8 @@ def needed_rows(rate_per_worker: float, recipes: Path):
             continue
         gpus = int(path.stem.rsplit("-", 1)[-1].rstrip("gpu"))
         plan = make_plan(recipe, gpus, 80 * 2 ** 30)
-        # The planner's count: one decode a sample per pass, less the rows kept decoded on the GPU.
-        need = plan.inputs.needed if plan.inputs is not None else 0.0
+        # The planner's count: one decode a sample per pass, less the rows kept decoded between them.
+        need = plan.decoding.needed if plan.decoding is not None else 0.0
         rows.append({"what": "needed", "recipe": path.name, "gpus": gpus, "model": recipe.model.name,
                      "local_batch": recipe.local_batch(gpus), "plan_step_s": plan.time.total,
                      "decodes_per_s_per_rank": need, "workers_per_rank": need / rate_per_worker})

@@ -215,14 +215,15 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
 
 
 def plot_scale(json_path: Path, png_path: Path) -> None:
-    """Scaling runs (docs/benchmarks/scale.json): samples/s per GPU of each part beside the
-    planner's and one GPU's rate; measured against planned host and GPU memory; the losses of the
-    one-node and two-node runs."""
+    """Scaling runs (docs/benchmarks/scale.json), each part with its card: samples/s per GPU beside
+    the planner's (efficiency over the bar); the step measured beside the planner's, its decode
+    wait marked; measured against planned host and GPU memory; the losses of the one-node and
+    two-node runs."""
     plt = pyplot()
     data = json.loads(Path(json_path).read_text())
     rows = [r for r in data["rows"] if "samples_per_s" in r]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    names = [f"{r['part']}\n{r['world']} GPU{'s' if r['world'] > 1 else ''}, {r['nodes']} node"
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.8))
+    names = [f"{r['part']}\n{r['world']} x {str(r.get('device', '')).replace('NVIDIA ', '')}, {r['nodes']} node"
              f"{'s' if r['nodes'] > 1 else ''}" for r in rows]
     xs = range(len(rows))
     ax = axes[0]
@@ -232,31 +233,34 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
         if r.get("efficiency"):
             ax.text(x - 0.2, r["samples_per_s"] / r["world"], f"{r['efficiency']:.2f}", ha="center", va="bottom",
                     fontsize=8)
-    one = next((r for r in rows if r["part"] == "one-gpu-32k"), None)
-    if one:
-        ax.axhline(one["samples_per_s"], ls=":", color="gray", label="one GPU (efficiency 1)")
-    ax.set_title("samples / s per GPU (efficiency over the bars)")
+    ax.set_title("samples / s per GPU (efficiency against its reference over the bar)")
+    ax = axes[1]
+    ax.bar([x - 0.2 for x in xs], [r["step_s"] for r in rows], 0.4, label="measured step")
+    ax.bar([x - 0.2 for x in xs], [r.get("decode_wait_s", 0.0) for r in rows], 0.4, label="of it waiting on decoding",
+           color="tab:red")
+    ax.bar([x + 0.2 for x in xs], [r["plan_step_s"] for r in rows], 0.4, label="planner's step")
+    ax.set_yscale("log")
+    ax.set_title("step (s), log scale")
     for i, (key, plan, scale, title) in enumerate((("host_gib", "plan_host_gib", 1, "host memory (GiB)"),
                                                     ("peak_mib", "plan_peak_mib", 1 / 1024,
                                                      "peak allocated per GPU (GiB)"))):
         offset = 0.2 * (2 * i - 1)
-        axes[1].bar([x + offset - 0.1 for x in xs], [r[key] * scale for r in rows], 0.2, label=f"{title}: measured")
-        axes[1].bar([x + offset + 0.1 for x in xs], [r[plan] * scale for r in rows], 0.2, label=f"{title}: planner",
+        axes[2].bar([x + offset - 0.1 for x in xs], [r[key] * scale for r in rows], 0.2, label=f"{title}: measured")
+        axes[2].bar([x + offset + 0.1 for x in xs], [r[plan] * scale for r in rows], 0.2, label=f"{title}: planner",
                     alpha=0.6)
-    axes[1].set_title("memory: measured beside the planner's")
-    for ax in axes[:2]:
+    axes[2].set_title("memory: measured beside the planner's")
+    for ax in axes[:3]:
         ax.set_xticks(list(xs))
-        ax.set_xticklabels(names, fontsize=7)
+        ax.set_xticklabels(names, fontsize=6, rotation=30, ha="right")
         ax.legend(fontsize=7)
     for r in rows:
         if r["part"] in ("one-node-64k", "two-nodes-64k"):
-            axes[2].plot(r["steps"], r["loss"], "-o" if r["nodes"] == 1 else "--x", label=f"{r['part']}")
-    axes[2].set_title("loss per step, one node and two nodes")
-    axes[2].set_xlabel("step")
-    axes[2].xaxis.get_major_locator().set_params(integer=True)
-    if axes[2].has_data():
-        axes[2].legend(fontsize=8)
-    meta = data["meta"]
-    fig.suptitle(f"{rows[0]['model'] if rows else ''} from JPEG shards through launch/train.sh, "
-                 f"{meta.get('device', '')}, commit {meta.get('commit', '')}")
+            axes[3].plot(r["steps"], r["loss"], "-o" if r["nodes"] == 1 else "--x", label=f"{r['part']}")
+    axes[3].set_title("loss per step, one node and two nodes")
+    axes[3].set_xlabel("step")
+    axes[3].xaxis.get_major_locator().set_params(integer=True)
+    if axes[3].has_data():
+        axes[3].legend(fontsize=8)
+    commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))
+    fig.suptitle(f"{rows[0]['model'] if rows else ''} from JPEG shards through launch/train.sh; commits {commits}")
     save(fig, png_path)

@@ -82,16 +82,24 @@ class Part:
     resume_steps: int = 0
     resumes: str = ""     # the part whose run this one resumes
     one_gpu: bool = False  # GPU 0 and half the cores
+    reference: str = ""   # the part whose samples/s per GPU this one's efficiency divides by
+    targets: bool = False  # checked against the targets: efficiency, decode wait, planned step and host
 
 
+REFERENCE = "one-gpu-32k"
 PARTS = {p.name: p for p in (
     Part("one-gpu-32k", 32 * 1024, 32, 1, 1, 3, one_gpu=True),
-    Part("two-gpu-1m", 1024 * 1024, 256, 2, 1, 3, resume_steps=1),
-    Part("one-node-64k", 64 * 1024, 64, 2, 1, 3),
-    Part("two-nodes-64k", 64 * 1024, 64, 2, 2, 3),
+    Part("two-gpu-1m", 1024 * 1024, 256, 2, 1, 3, resume_steps=1, reference=REFERENCE, targets=True),
+    Part("one-node-64k", 64 * 1024, 64, 2, 1, 3, reference=REFERENCE),
+    Part("two-nodes-64k", 64 * 1024, 64, 2, 2, 3, reference=REFERENCE),
     Part("resume-one-node", 64 * 1024, 64, 2, 1, 0, resume_steps=1, resumes="two-nodes-64k"),
+    # four GPUs of one host: 32k a GPU (the reference), 256k a GPU, 512k a GPU (the paper's load),
+    # and the 1M run's last checkpoint resumed on two GPUs
+    Part("four-gpu-128k", 128 * 1024, 64, 4, 1, 3),
+    Part("four-gpu-1m", 1024 * 1024, 256, 4, 1, 3, reference="four-gpu-128k", targets=True),
+    Part("four-gpu-2m", 2048 * 1024, 512, 4, 1, 2, reference="four-gpu-128k"),
+    Part("resume-two-gpu-1m", 1024 * 1024, 256, 2, 1, 0, resume_steps=1, resumes="four-gpu-1m"),
 )}
-REFERENCE = "one-gpu-32k"
 
 
 @dataclass
@@ -395,10 +403,14 @@ def step_figures(steps: List[dict], batch: int) -> dict:
     timed = [s for s in steps[1:]] or steps
     step_s = sum(s["step_s"] for s in timed) / len(timed)
     wait = sum(s.get("decode_wait_s", 0.0) for s in timed) / len(timed)
+    rates = [s["decode_rows_per_process_s"] for s in timed if s.get("decode_rows_per_process_s")]
     return {"steps": [int(s["step"]) for s in steps], "loss": [s["loss"] for s in steps],
             "steps_s": [s["step_s"] for s in steps], "first_step_s": steps[0]["step_s"],
             "steady_steps": len(steps) - 1, "step_s": step_s, "samples_per_s": batch / step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s,
+            "decode_waits_s": [s.get("decode_wait_s", 0.0) for s in steps],
+            # one decode process's rows per second of its own time (rank 0's): the planner's rate here
+            "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}
 
 
@@ -528,6 +540,7 @@ def measured(part: Part, setup: Setup, plan: dict, ran: Ran, run_dir: Path, node
     steps = [s for s in metrics(run_dir) if s["step"] > after]
     row = {**base_row(part, setup, plan, ran, nodes), **step_figures(steps, batch_of(part, setup))}
     row["checks"].update(decode_wait_5pct=row["decode_wait_share"] <= 0.05, **memory_checks(row, setup),
+                         step_within_10pct=within(row["step_s"], row["plan_step_s"]),
                          lock_written_by_rank0=lock_holder(run_dir) == ran.ranks.get(0))
     return row
 
@@ -554,7 +567,7 @@ def run_part(part: Part, setup: Setup) -> List[dict]:
     run_dir = where / "run"
     plan, ran = train(part, setup, shards, where, run_dir, part.steps)
     row = measured(part, setup, plan, ran, run_dir, part.nodes)
-    row["checks"]["steady_steps_2"] = row["steady_steps"] >= 2
+    row["checks"][f"steady_steps_{part.steps - 1}"] = row["steady_steps"] >= part.steps - 1
     if part.nodes > 1:
         compare_with_one_node(row, setup, run_dir, ran)
     if part.resume_steps:
@@ -583,7 +596,8 @@ def resume_part(part: Part, setup: Setup, shards: str) -> dict:
     plan, ran = train(part, setup, shards, fresh(part_dir(setup, part.name)), run_dir, before + part.resume_steps,
                       resume=True)
     row = resumed(measured(part, setup, plan, ran, run_dir, part.nodes, after=before), before, part.resume_steps)
-    row["resumes"] = f"{source.name}'s run ({source.nodes} nodes), {run_dir}"
+    row["resumes"] = f"{source.name}'s run ({source.gpus} GPUs, {source.nodes} nodes), {run_dir}"
+    row["resumed_from_world"] = source.gpus
     row["steady"] = False  # its one step includes start-up compilation
     return row
 
@@ -619,18 +633,22 @@ def previous_rows(out: Path) -> Dict[str, dict]:
 
 
 def with_efficiency(rows: List[dict]) -> List[dict]:
-    """Weak-scaling efficiency of each multi-GPU row against one GPU's rate in the same file."""
-    ref = next((r for r in rows if r["part"] == REFERENCE and "samples_per_s" in r), None)
+    """Weak-scaling efficiency of each row whose part names a reference: its samples/s per GPU
+    over the reference row's in the same file (same accelerator). Where the part has targets,
+    the checks: at least 0.95, and the planner's step within 10%."""
+    by_part = {r["part"]: r for r in rows if "samples_per_s" in r}
     for row in rows:
-        if row.get("world", 1) < 2 or "samples_per_s" not in row or row.get("steady") is False:
+        part = PARTS.get(row["part"])
+        if part is None or not part.reference or "samples_per_s" not in row or row.get("steady") is False:
             continue
-        if ref is None or ref.get("accelerator") != row.get("accelerator"):
+        ref = by_part.get(part.reference)
+        if ref is None or (ref.get("accelerator"), ref.get("device")) != (row.get("accelerator"), row.get("device")):
             row["efficiency"] = None
             continue
-        row["efficiency"] = row["samples_per_s"] / (row["world"] * ref["samples_per_s"])
-        row["efficiency_reference"] = {"part": REFERENCE, "samples_per_s": ref["samples_per_s"],
-                                       "device": ref.get("device"), "commit": ref.get("commit")}
-        if row["part"] == "two-gpu-1m":
+        row["efficiency"] = (row["samples_per_s"] / row["world"]) / (ref["samples_per_s"] / ref["world"])
+        row["efficiency_reference"] = {"part": part.reference, "samples_per_s": ref["samples_per_s"],
+                                       "world": ref["world"], "device": ref.get("device"), "commit": ref.get("commit")}
+        if part.targets:
             row["checks"]["efficiency_95pct"] = row["efficiency"] >= 0.95
     return rows
 

@@ -27,7 +27,7 @@ import torch
 from infcl_ds.config.recipe import DataSection
 from infcl_ds.training.build import build_engine
 from infcl_ds.training.distributed import leave_distributed
-from infcl_ds.training.resolve import resolve_auto_chunk, resolve_data
+from infcl_ds.training.resolve import agree_on_chunk, resolve_recipe
 from .common import free_port, is_oom, join_ranks, parse_sizes, run_identity, write_rows
 
 
@@ -64,8 +64,9 @@ def _loss_fn(impl, rank, world):
 def _engine(args, impl, rank, world, device):
     """The trainer's built engine (training/build.py) for this configuration, `impl`'s loss swapped in;
     --chunk auto resolved as the trainer resolves `batch.chunk: auto` (args.chunk set to it)."""
-    recipe = resolve_auto_chunk(_recipe(args, world, args_batch=parse_sizes(args.batch)[0]), world, device, rank)
-    engine = build_engine(recipe, world, device, loss_fn=_loss_fn(impl, rank, world), time_phases=True)
+    recipe = _recipe(args, world, args_batch=parse_sizes(args.batch)[0])
+    resolution = agree_on_chunk(recipe, resolve_recipe(recipe, world, device, rank), world, device, rank)
+    engine = build_engine(resolution.recipe, world, device, loss_fn=_loss_fn(impl, rank, world), time_phases=True)
     args.chunk = engine.settings.chunk_size
     return engine
 
@@ -78,7 +79,8 @@ def _recipe(args, world, args_batch, data="synthetic", decoder=None):
               ["data.source=webdataset", f"data.train={args.shards}", "data.host_batch=encoded",
                f"data.decode_workers={args.decode_workers}", f"data.decoder={decoder or args.decoder.split(',')[0]}",
                f"data.workers={args.read_workers}", f"data.keep_decoded_gib={args.keep_decoded_gib}",
-               f"data.decode_window_gib={args.decode_window_gib}"])
+               f"data.decode_window_gib={args.decode_window_gib}",
+               f"data.keep_decoded_host_gib={args.keep_decoded_host_gib}"])
     return load_recipe(None, [f"model.name={args.model}", f"batch.global={args_batch}", f"batch.chunk={args.chunk}",
                               f"zero.stage={args.zero}", "precision.dtype=bf16",
                               f"model.grad_checkpointing={str(args.grad_checkpointing).lower()}",
@@ -142,7 +144,7 @@ class _JpegBatches:
     def __init__(self, args, B, world, rank, info, device, decoder):
         from open_clip import get_tokenizer
         from infcl_ds.data import build_train_data
-        recipe = resolve_data(_recipe(args, world, B, "jpeg", decoder), world, device)
+        recipe = resolve_recipe(_recipe(args, world, B, "jpeg", decoder), world, device, rank).recipe
         self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
         self.data = build_train_data(recipe.data, rank=rank, world_size=world, local_batch=B // world,
                                      seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
@@ -416,8 +418,9 @@ def main(argv=None):
     p.add_argument("--decoder", default="pil",
                    help="--data jpeg: data.decoder, or several comma-separated (a row each): pil,nvjpeg,hybrid")
     p.add_argument("--keep-decoded-gib", default="auto", help="--data jpeg: data.keep_decoded_gib")
-    p.add_argument("--decode-window-gib", type=float, default=DataSection.model_fields["decode_window_gib"].default,
-                   help="--data jpeg: data.decode_window_gib")
+    p.add_argument("--keep-decoded-host-gib", default="auto", help="--data jpeg: data.keep_decoded_host_gib")
+    p.add_argument("--decode-window-gib", default=DataSection.model_fields["decode_window_gib"].default,
+                   help="--data jpeg: data.decode_window_gib (auto, or GiB)")
     p.add_argument("--open-clip-train-workers", type=int, default=None,
                    help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
