@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
-from ..data.decode_pool import DECODE_PIECE_ROWS
+from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
 from ..data.footprint import gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
@@ -251,10 +251,12 @@ def _auto_window(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSiz
 
 
 def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSizes, kept: int,
-                    image_bytes: int) -> Tuple[float, str]:
+                    image_bytes: int, time: StepTime) -> Tuple[float, str]:
     """`data.keep_decoded_host_gib: auto` (the chunk and the GPU's kept rows resolved): every row
     of the local batch the GPU does not keep, in whole chunks, where the node's memory allows
-    beside everything else (the decode window at its least); and why."""
+    beside everything else; where it does not hold those and an `auto` window too, the share of
+    them whose steady step waits least with the window the rest of the memory gives (rows
+    decoded once against rows decoded ahead), the larger on a tie. And why."""
     data, local, chunk = recipe.data, recipe.local_batch(gpus), recipe.batch.chunk
     if not has_pool(data) or gpu_decode_share(data) > 0:
         return 0.0, "no decode processes" if not has_pool(data) else "the GPU decoder's rows are on the GPU"
@@ -264,9 +266,26 @@ def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: Rank
     if not rest:
         return 0.0, "the GPU keeps every row"
     row = 3 * model.image_size ** 2
-    room = _window_room_rows(recipe_with(recipe, "data", keep_decoded_host_gib=0.0), gpus, model, sizes, image_bytes)
-    rows = min(rest, room)
-    rows = rows if rows == rest else rows - rows % chunk
+    bare = recipe_with(recipe, "data", keep_decoded_host_gib=0.0)
+    room = _window_room_rows(bare, gpus, model, sizes, image_bytes)
+
+    def whole(rows: int) -> int:
+        return rows if rows >= rest else rows - rows % chunk
+    rows = whole(min(rest, room))
+    if data.decode_window_gib == "auto" and rows:
+        least = window_slots(0, data.decode_workers) * DECODE_PIECE_ROWS
+
+        def wait(kept_rows: int) -> float:
+            trial = recipe_with(bare, "data", keep_decoded_host_gib=kept_rows * row / mem.GIB,
+                                decode_window_gib=max(room - kept_rows, least) * row / mem.GIB)
+            return decoding(trial, local, time, kept, model.image_size).wait_s
+        waits = {h: wait(h) for h in sorted({whole(rows * i // 8) for i in range(9)}, reverse=True)}
+        shortest = min(waits.values())
+        best = next(h for h, w in waits.items() if w <= shortest + tolerance_s(step_shape(bare, local, time, kept,
+                                                                                          model.image_size)))
+        if best < rows:
+            return best * row / mem.GIB, (f"{best:,} of the {rest:,} rows the GPU does not keep: the node's memory "
+                                          f"leaves the rest to the decode window")
     why = (f"the {rows:,} rows the GPU does not keep" if rows == rest else
            f"{rows:,} of the {rest:,} rows the GPU does not keep: the node's memory allows no more")
     return rows * row / mem.GIB, why
@@ -319,7 +338,7 @@ def _plan_decoder(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSi
         time = step_time(model, trial, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
         kept = _kept(trial, gpus, model)
         if trial.data.keep_decoded_host_gib == "auto":
-            gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes)
+            gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time)
                         if trial.data.host_batch == "encoded" else (0.0, "decoded host batches"))
             trial = recipe_with(trial, "data", keep_decoded_host_gib=gib)
             trial_choices.append(Choice("data.keep_decoded_host_gib", gib, why))

@@ -187,8 +187,8 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     return GpuMemory(components, {ENCODER_PASS: encoder, REDUCTION: reduction, LOSS: loss})
 
 
-INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decode window", "offloaded features + gradients",
-                                          "process reserve")
+INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decoded rows in the decode pool",
+                                          "offloaded features + gradients", "process reserve")
 
 
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,
