@@ -236,10 +236,11 @@ def _auto_window(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSiz
     probe = recipe_with(recipe, "data", decode_window_gib=1e-9)
     shape = step_shape(recipe, local, time, kept, model.image_size)
     decoders = step_decoders(probe, local, model.image_size, shape.host_kept)
-    floor = decoders[0].window  # the rows kept between the passes and two pieces per process
+    # at least two pieces per process beyond the rows kept between the passes: every process busy
+    least = window_slots(0, data.decode_workers) * DECODE_PIECE_ROWS
+    floor = shape.host_kept + least
     need = window_needed(shape, decoders, which=0, floor=floor) - shape.host_kept  # rows decoded ahead
     room = _window_room_rows(recipe, gpus, model, sizes, image_bytes)
-    least = max(1, floor - shape.host_kept)
     if need > room:
         rows = max(room, least)
         why = (f"{rows:,} rows: capped by the node's memory, {mem.gib(sizes.host_memory_bytes)} GiB; the decode "
