@@ -409,6 +409,8 @@ def step_figures(steps: List[dict], batch: int) -> dict:
             "steady_steps": len(steps) - 1, "step_s": step_s, "samples_per_s": batch / step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s,
             "decode_waits_s": [s.get("decode_wait_s", 0.0) for s in steps],
+            # the wait for the data thread's next local batch (the readers), where logged
+            "batch_waits_s": [s["batch_wait_s"] for s in steps if "batch_wait_s" in s],
             # one decode process's rows per second of its own time (rank 0's): the planner's rate here
             "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}

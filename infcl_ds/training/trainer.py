@@ -205,7 +205,9 @@ class Trainer:
             if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
                 self.watch.exit(self.rank)
             self.phase = f"step {self.step + 1}"
-            batch = next(batches)
+            waited = time.perf_counter()
+            batch = next(batches)  # assembled meanwhile by the data thread: a wait here is the readers'
+            batch_wait = time.perf_counter() - waited
             lr = deepspeed_engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             try:
                 loss = self.engine.train_step(batch)
@@ -227,7 +229,8 @@ class Trainer:
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
-                       "decode_wait_s": decode_wait, "decode_rows_per_process_s": pool.since_last(),
+                       "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
+                       "decode_rows_per_process_s": pool.since_last(),
                        "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.
