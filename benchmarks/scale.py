@@ -411,6 +411,9 @@ def step_figures(steps: List[dict], batch: int) -> dict:
             "decode_waits_s": [s.get("decode_wait_s", 0.0) for s in steps],
             # the wait for the data thread's next local batch (the readers), where logged
             "batch_waits_s": [s["batch_wait_s"] for s in steps if "batch_wait_s" in s],
+            # the engine's phases of the timed steps (the device's stream, waits for the host included)
+            "phases_s": {name: sum(s[f"{name}_s"] for s in timed) / len(timed)
+                         for name in ("encode", "loss", "reencode", "optimizer") if all(f"{name}_s" in s for s in timed)},
             # one decode process's rows per second of its own time (rank 0's): the planner's rate here
             "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}

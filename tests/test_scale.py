@@ -61,6 +61,11 @@ def test_four_ranks_and_their_last_checkpoint_resumed_on_two(tmp_path):
         assert {"decode_wait_5pct", "step_within_10pct", "host_within_10pct"} <= set(row["checks"])
     assert run["world"] == 4 and run["steps"] == [1, 2, 3] and run["checks"]["steady_steps_2"]
     assert run["decode_rows_per_process_s"] > 0  # the pool's own rate, from metrics.csv
+    # where a step's time went: the engine's phases (on CPU ranks the host's clock) within the step,
+    # and the waits for the next batch and for decoded rows
+    assert set(run["phases_s"]) == {"encode", "loss", "reencode", "optimizer"}
+    assert 0 < sum(run["phases_s"].values()) <= run["step_s"] * 1.01
+    assert len(run["batch_waits_s"]) == 3 and all(w >= 0 for w in run["batch_waits_s"])
     assert resume["world"] == 2 and resume["resumed_from_world"] == 4 and resume["steps"] == [4]
     assert resume["checks"]["resumed"] and resume["resumes"].startswith("four-gpu-1m's run (4 GPUs")
     assert len(resume["loss"]) == 1 and resume["loss"][0] > 0

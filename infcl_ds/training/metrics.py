@@ -12,7 +12,8 @@ import torch
 from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
-           "batch_wait_s", "decode_wait_s", "decode_rows_per_process_s", "host_bytes_per_sample", "graphs_compiled"]
+           "encode_s", "loss_s", "reencode_s", "optimizer_s", "batch_wait_s", "decode_wait_s",
+           "decode_rows_per_process_s", "host_bytes_per_sample", "graphs_compiled"]
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -200,6 +200,7 @@ class Trainer:
         deepspeed_engine = self.engine.deepspeed
         results, start = {}, self.step
         pool = PoolRate(self.data.decoder)
+        self.engine.phases.events = True  # each phase's time in metrics.csv, without synchronising
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
             if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
@@ -229,6 +230,7 @@ class Trainer:
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
+                       **{f"{name}_s": seconds for name, seconds in self.engine.phases.times().items()},
                        "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
                        "host_bytes_per_sample": host_bytes,
