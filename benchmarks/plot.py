@@ -245,9 +245,10 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
                                                     ("peak_mib", "plan_peak_mib", 1 / 1024,
                                                      "peak allocated per GPU (GiB)"))):
         offset = 0.2 * (2 * i - 1)
-        axes[2].bar([x + offset - 0.1 for x in xs], [r[key] * scale for r in rows], 0.2, label=f"{title}: measured")
-        axes[2].bar([x + offset + 0.1 for x in xs], [r[plan] * scale for r in rows], 0.2, label=f"{title}: planner",
-                    alpha=0.6)
+        def values(k):  # a row without the figure (not sampled) leaves its bar out
+            return [r[k] * scale if r.get(k) is not None else float("nan") for r in rows]
+        axes[2].bar([x + offset - 0.1 for x in xs], values(key), 0.2, label=f"{title}: measured")
+        axes[2].bar([x + offset + 0.1 for x in xs], values(plan), 0.2, label=f"{title}: planner", alpha=0.6)
     axes[2].set_title("memory: measured beside the planner's")
     for ax in axes[:3]:
         ax.set_xticks(list(xs))
