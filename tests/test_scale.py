@@ -19,13 +19,18 @@ ROW_KEYS = {"model", "B", "world", "nodes", "impl", "data", "samples_per_s", "de
             "device", "torch", "triton", "commit"}
 
 
-def test_two_nodes_train_the_one_node_losses_and_write_each_file_once(tmp_path):
+def scale_parts(tmp_path, *parts):
+    """`python -m benchmarks.scale PARTS` on gloo ranks into tmp_path: (rows by part, work folder)."""
     out, work = tmp_path / "scale.json", tmp_path / "work"
-    command = [sys.executable, "-m", "benchmarks.scale", "one-node-64k", "two-nodes-64k", "--accelerator", "cpu",
+    command = [sys.executable, "-m", "benchmarks.scale", *parts, "--accelerator", "cpu",
                "--out", str(out), "--work", str(work), "--shards", str(tmp_path / "shards")]
     proc = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    rows = {r["part"]: r for r in json.loads(out.read_text())["rows"]}
+    return {r["part"]: r for r in json.loads(out.read_text())["rows"]}, work
+
+
+def test_two_nodes_train_the_one_node_losses_and_write_each_file_once(tmp_path):
+    rows, work = scale_parts(tmp_path, "one-node-64k", "two-nodes-64k")
     one, two = rows["one-node-64k"], rows["two-nodes-64k"]
     for row in (one, two):
         assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
@@ -40,7 +45,7 @@ def test_two_nodes_train_the_one_node_losses_and_write_each_file_once(tmp_path):
     written = two["written_once"]
     assert written["passed"] and written["lock_written_by_rank0"] and written["same_files_as_one_node"], written
     assert written["rank_files"]["0"] and written["rank_files"]["1"]
-    assert out.with_suffix(".png").is_file()
+    assert (tmp_path / "scale.png").is_file()
 
 
 def test_four_ranks_and_their_last_checkpoint_resumed_on_two(tmp_path):
@@ -48,12 +53,7 @@ def test_four_ranks_and_their_last_checkpoint_resumed_on_two(tmp_path):
     last checkpoint resumed by two ranks for one step, each row with the planner's figures beside
     the measured ones, the checks the targets name, the decode processes' own rate, and
     `resumed_from_world` on the resume's row."""
-    out, work = tmp_path / "scale.json", tmp_path / "work"
-    command = [sys.executable, "-m", "benchmarks.scale", "four-gpu-1m", "resume-two-gpu-1m", "--accelerator", "cpu",
-               "--out", str(out), "--work", str(work), "--shards", str(tmp_path / "shards")]
-    proc = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    rows = {r["part"]: r for r in json.loads(out.read_text())["rows"]}
+    rows, _ = scale_parts(tmp_path, "four-gpu-1m", "resume-two-gpu-1m")
     run, resume = rows["four-gpu-1m"], rows["resume-two-gpu-1m"]
     for row in (run, resume):
         assert ROW_KEYS <= set(row), ROW_KEYS - set(row)

@@ -15,7 +15,7 @@ They are chosen together, because each depends on the others:
   that makes the step shorter.
 """
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
@@ -162,13 +162,6 @@ def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorker
     bound = ("; at least 1, so that decoding overlaps the step" if left < 1 else
              f"; at most {MAX_PROCESSES:,}" if left > MAX_PROCESSES else "")
     return AutoDecodeWorkers(count, f"{share.text}, less {words}{bound}")
-
-
-def with_decode_workers(recipe: Recipe, share: CoreShare) -> Recipe:
-    """The recipe with `data.decode_workers: auto` resolved for `share` (unchanged otherwise)."""
-    if recipe.data.decode_workers != "auto":
-        return recipe
-    return recipe_with(recipe, "data", decode_workers=auto_decode_workers(recipe.data, share).count)
 
 
 # -- the GPU's memory: chunk and kept rows ------------------------------------------------------
@@ -423,9 +416,4 @@ def _resolve_on_cpu(recipe: Recipe, gpus: int, sizes: RankSizes) -> Resolution:
             recipe = recipe_with(recipe, "data", **{key: value})
             choices.append(Choice(f"data.{key}", value, "a CPU rank"))
     return Resolution(recipe, tuple(choices))
-
-
-def resolved_keys(choices: Iterable[Choice]) -> dict:
-    """{"data.decode_workers": 13, ...}: the choices as the run's record beside its recipe."""
-    return {c.key: c.value for c in choices}
 

@@ -74,7 +74,7 @@ class Plan:
     verdict: str = ""
     remedies: Tuple[str, ...] = ()
     advice: Tuple[str, ...] = ()           # a fitting recipe's faster alternatives
-    unbinding: Tuple[str, ...] = ()        # where decoding makes the engine wait: what would not
+    unbinding: Tuple[str, ...] = ()        # where the engine waits for decoded rows: what would shorten it
 
     @property
     def components(self) -> Dict[str, int]:

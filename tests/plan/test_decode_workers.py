@@ -13,7 +13,7 @@ from infcl_ds.data import DataError, build_train_data
 from infcl_ds.plan import machine
 from infcl_ds.plan.command import main as plan_main
 from infcl_ds.plan.plan import make_plan
-from infcl_ds.plan.auto_values import auto_decode_workers, resolved_keys
+from infcl_ds.plan.auto_values import auto_decode_workers
 from infcl_ds.training.recipe_change import trajectory_changes
 from infcl_ds.training.resolve import agree_on_chunk, resolve_recipe
 
@@ -179,7 +179,7 @@ def test_each_rank_resolves_it_at_start_up_and_its_data_starts_that_many(node, c
                                        "(a CPU rank); data.decode_window_gib=1 (a CPU rank)\n")
     resolved = resolution.recipe
     assert resolved.data.decode_workers == 2 and recipe.data.decode_workers == "auto"  # the saved recipe keeps auto
-    assert resolved_keys(resolution.choices) == {"data.decode_workers": 2, "data.keep_decoded_gib": 1.0,
+    assert {c.key: c.value for c in resolution.choices} == {"data.decode_workers": 2, "data.keep_decoded_gib": 1.0,
                                                  "data.keep_decoded_host_gib": 0.0, "data.decode_window_gib": 1.0}
     agree_on_chunk(recipe, resolve_recipe(recipe, 1, torch.device("cpu"), rank=1), 1, torch.device("cpu"), rank=1)
     assert capsys.readouterr().err == ""  # said once, by rank 0
