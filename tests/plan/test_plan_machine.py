@@ -1,4 +1,6 @@
 """The planner reads the node it runs on (plan/machine.py), and flags still win."""
+import pytest
+
 from infcl_ds.plan import machine
 from infcl_ds.plan.command import ASSUMED_GPU_MEMORY, main, memory_sizes
 from infcl_ds.plan.plan import DEFAULT_HOST_MEMORY
@@ -48,3 +50,15 @@ def test_the_report_names_the_source(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "(read from this node: 2 x NVIDIA H200, 140.4 GiB each)" in out
     assert "of 256.0 (read from this node's MemTotal)" in out
+
+
+def test_the_node_memory_can_be_told_where_memtotal_is_not_it(monkeypatch):
+    """INFCL_DS_HOST_MEMORY (launch/train.sh --host-memory sets it for every rank): a VM that grows
+    its memory as it is used reads a fraction of it in MemTotal at the start."""
+    monkeypatch.setenv(machine.HOST_MEMORY_ENV, "500GiB")
+    assert machine.host_memory() == (500 * GIB, "INFCL_DS_HOST_MEMORY")
+    monkeypatch.setenv(machine.HOST_MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match=r"^INFCL_DS_HOST_MEMORY: not a size: 'lots'"):
+        machine.host_memory()
+    monkeypatch.delenv(machine.HOST_MEMORY_ENV)
+    assert machine.host_memory()[1] in ("MemTotal", "cgroup limit")
