@@ -406,6 +406,11 @@ def step_shape(recipe: Recipe, local: int, time: "StepTime", kept: int, image_si
                      reencode_s=time.reencode, host_kept=on_host)
 
 
+def rate_per_process(data) -> float:
+    """Decodes per second of one decode process with the recipe's decoder (PIL's beside the GPU's)."""
+    return DECODE_RATES_PER_WORKER["pil" if data.decoder in ("nvjpeg", "hybrid") else data.decoder]
+
+
 def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 0) -> list:
     """The rank's decoders for the overlap model, in ChunkDecoder.split's order: the decode
     processes (the training process where there are none) with the window they decode into (its
@@ -413,7 +418,7 @@ def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 
     with its own."""
     data = recipe.data
     share = gpu_decode_share(data)
-    per_worker = DECODE_RATES_PER_WORKER["pil" if data.decoder in ("nvjpeg", "hybrid") else data.decoder]
+    per_worker = rate_per_process(data)
     decoders = []
     if share < 1:
         if has_pool(data):
@@ -433,9 +438,8 @@ def decoding(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size
     data = recipe.data
     shape = step_shape(recipe, local, time, kept, image_size)
     decoders = step_decoders(recipe, local, image_size, shape.host_kept)
-    pool = has_pool(data) and gpu_decode_share(data) < 1
-    workers = data.decode_workers if pool else 0
-    per_worker = DECODE_RATES_PER_WORKER["pil" if data.decoder in ("nvjpeg", "hybrid") else data.decoder]
-    return Decoding(overlap=overlap(shape, decoders), workers=workers, per_worker=per_worker,
-                    device_rate=NVJPEG_RATE_PER_GPU if gpu_decode_share(data) > 0 else 0.0,
+    share = gpu_decode_share(data)
+    pool = has_pool(data) and share < 1
+    return Decoding(overlap=overlap(shape, decoders), workers=data.decode_workers if pool else 0,
+                    per_worker=rate_per_process(data), device_rate=NVJPEG_RATE_PER_GPU if share > 0 else 0.0,
                     window_rows=decoders[0].window if pool else 0)
