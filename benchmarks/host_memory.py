@@ -5,8 +5,8 @@ time against the planner's, per host form (encoded or decoded local batches).
 
 The trainer runs as a child process (`infcl-ds train`, one process); a sampler records the host
 memory the run takes every half second: the machine's memory in use above what it used before
-the start (page cache excluded), and the summed resident memory of the trainer and its data and
-decode workers twice over: their resident memory summed (which counts pages shared between them
+the start (page cache excluded), and, in sweeps spaced to take at most SWEEP_DUTY of the run, the
+summed resident memory of the trainer and its data and decode workers twice over: their resident memory summed (which counts pages shared between them
 more than once) and their proportional set size summed (PSS: a shared page split between the
 processes that map it, so the sum counts it once; the figure the planner's host model is
 compared with, as it does not move with a VM's accounting of its own memory). Step time, peak GPU
@@ -28,6 +28,14 @@ from infcl_ds.plan.memory import GIB
 from .common import run_identity, write_rows
 
 
+# A PSS sweep reads every process's /proc/PID/smaps_rollup: the kernel walks the page tables of
+# all it maps (hundreds of GiB of decode window and kept rows in a large run: seconds a sweep)
+# holding that process's mmap lock, so the trainer's own mmap and munmap (glibc's large frees,
+# pinned buffers), and the page faults queued behind them, wait. Sweeps are spaced to take at
+# most this share of the run; the machine's memory in use is read every period, at no such cost.
+SWEEP_DUTY = 0.03
+
+
 class MemorySampler(threading.Thread):
     """Peak host memory of a process tree while it runs, and a timeline of it that says when a
     peak happened (at compilation, while the next batch is assembled, at a save): every
@@ -44,6 +52,9 @@ class MemorySampler(threading.Thread):
         self.peak_used = self.peak_tree_rss = self.peak_tree_pss = 0
         self.timeline = []
         self.done = threading.Event()
+        self.tree = (0, 0)               # the last sweep's (RSS, PSS)
+        self.sweeps, self.sweep_s, self.sweep_max_s = 0, 0.0, 0.0
+        self._next_sweep = 0.0
 
     def _used(self) -> int:
         vm = self.psutil.virtual_memory()
@@ -66,14 +77,39 @@ class MemorySampler(threading.Thread):
                 pass
         return rss, pss
 
+    def _alive(self) -> bool:
+        try:
+            return self.psutil.Process(self.pid).status() != self.psutil.STATUS_ZOMBIE
+        except self.psutil.Error:
+            return False
+
+    def _sweep_due(self, now: float) -> bool:
+        return now >= self._next_sweep
+
+    def _sweep(self, now: float) -> None:
+        """The tree's RSS and PSS, spaced so that sweeping takes at most SWEEP_DUTY of the time."""
+        started = time.monotonic()
+        self.tree = self._tree()
+        took = time.monotonic() - started
+        self.sweeps, self.sweep_s, self.sweep_max_s = self.sweeps + 1, self.sweep_s + took, max(self.sweep_max_s, took)
+        self._next_sweep = now + took / SWEEP_DUTY
+
     def _sample(self) -> Optional[tuple]:
         """None once the tree is gone (its root has exited, before the caller sees it end): such
         a sample is not one of the run's."""
-        vm = self.psutil.virtual_memory()
-        rss, pss = self._tree()
-        if not rss:
+        if not self._alive():
             return None
+        vm = self.psutil.virtual_memory()
+        now = time.monotonic()
+        if self._sweep_due(now):
+            self._sweep(now)
+        rss, pss = self.tree
         return vm.total - vm.available - self.baseline, rss, getattr(vm, "shared", 0), vm.total, pss
+
+    def sweep_report(self, wall_s: float) -> dict:
+        """How the PSS figure was sampled, for a row: sweeps, the longest, their share of the run."""
+        return {"pss_sweeps": self.sweeps, "pss_sweep_max_s": round(self.sweep_max_s, 3),
+                "pss_sweep_share": round(self.sweep_s / wall_s, 4) if wall_s > 0 else None}
 
     def _point(self, seconds: float, span: tuple) -> None:
         self.timeline.append([round(seconds, 1), *(round(v / GIB, 2) for v in span)])

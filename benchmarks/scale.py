@@ -236,6 +236,10 @@ def sampler_class():
             self.jobs, self.gpus = jobs, gpus
             self.ranks: Dict[int, int] = {}
             self.gpu_mib: Dict[int, float] = {}
+            self.gpu_busy: Dict[int, List[float]] = {}  # nvidia-smi's utilization.gpu, every period
+            self.sm_mhz: Dict[int, float] = {}          # the lowest SM clock seen (throttling)
+            self.rank_cpu_s: Dict[int, float] = {}      # each trainer process's CPU seconds so far
+            self.readings: List[tuple] = []             # (time, the GPUs' mean busy %, rank 0's CPU s)
             super().__init__(0, period_s=period_s)
 
         def _pids(self) -> List[int]:
@@ -251,12 +255,28 @@ def sampler_class():
                     pass
             return rss, pss
 
+        def _alive(self) -> bool:
+            return bool(self._pids())
+
         def _sample(self) -> Optional[tuple]:
             self._note_ranks()
             if self.gpus:
-                for index, mib in nvidia_smi_used().items():
+                for index, (mib, busy, clock) in nvidia_smi_gpus().items():
                     self.gpu_mib[index] = max(self.gpu_mib.get(index, 0.0), mib)
+                    self.gpu_busy.setdefault(index, []).append(busy)
+                    self.sm_mhz[index] = min(self.sm_mhz.get(index, clock), clock)
+            self._note_rank_cpu()
+            busy = [b[-1] for b in self.gpu_busy.values()]
+            self.readings.append((time.monotonic(), sum(busy) / len(busy) if busy else None, self.rank_cpu_s.get(0)))
             return super()._sample()
+
+        def _note_rank_cpu(self) -> None:
+            for rank, pid in self.ranks.items():
+                try:
+                    times = self.psutil.Process(pid).cpu_times()
+                except self.psutil.Error:  # exited: its last reading stands
+                    continue
+                self.rank_cpu_s[rank] = times.user + times.system
 
         def _note_ranks(self) -> None:
             for pid in self._pids():
@@ -277,22 +297,23 @@ def environ(pid: int) -> Dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def nvidia_smi_used() -> Dict[int, float]:
-    """MiB in use on each GPU (every process's, the CUDA contexts included)."""
+def nvidia_smi_gpus() -> Dict[int, tuple]:
+    """Each GPU's (MiB in use (every process's, the CUDA contexts included), utilization.gpu in
+    percent (the share of the last sample period a kernel ran), SM clock in MHz)."""
     try:
-        text = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10).stdout
+        text = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,utilization.gpu,clocks.sm",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    used = {}
+    gpus = {}
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0].isdigit():
+        if len(fields) == 4 and fields[0].isdigit():
             try:
-                used[int(fields[0])] = float(fields[1])
+                gpus[int(fields[0])] = tuple(float(f) for f in fields[1:])
             except ValueError:
                 pass
-    return used
+    return gpus
 
 
 @dataclass
@@ -304,6 +325,7 @@ class Ran:
     host: dict
     ranks: Dict[int, int]
     gpu_mib: Dict[int, float]
+    watch: dict
 
     @property
     def ok(self) -> bool:
@@ -341,10 +363,35 @@ def run_launches(todo: List[Launch], limit_s: float, gpus: bool) -> Ran:
                 job.kill()
         sampler.done.set()
         sampler.join()
+    wall_s = time.monotonic() - started
     host = {"host_gib": sampler.peak_tree_pss / GIB, "host_rss_gib": sampler.peak_tree_rss / GIB,
-            "host_used_gib": sampler.peak_used / GIB, "host_timeline": sampler.timeline}
-    return Ran(todo, [job.proc.returncode for job in jobs], time.monotonic() - started, host, sampler.ranks,
-               sampler.gpu_mib)
+            "host_used_gib": sampler.peak_used / GIB, "host_timeline": sampler.timeline,
+            **sampler.sweep_report(wall_s)}
+    return Ran(todo, [job.proc.returncode for job in jobs], wall_s, host, sampler.ranks, sampler.gpu_mib,
+               watched(sampler, wall_s))
+
+
+def watched(sampler, wall_s: float, span_s: float = 5.0) -> dict:
+    """What the sampler saw of the GPUs and the trainer processes: over the whole run (start-up
+    and the first step included) each GPU's mean busy share, its lowest SM clock and the cores
+    each trainer process kept busy; and a timeline, every `span_s`, of [seconds since the start,
+    the GPUs' mean busy share, the cores rank 0's trainer process kept busy], which says whether
+    a slow step waited on the GPU or on the host."""
+    timeline, start = [], sampler.readings[0][0] if sampler.readings else 0.0
+    bucket = []
+    for reading in sampler.readings:
+        bucket.append(reading)
+        if reading[0] - bucket[0][0] >= span_s:
+            busy = [b for _, b, _ in bucket if b is not None]
+            cpu = [(t, c) for t, _, c in bucket if c is not None]
+            cores = (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0]) if len(cpu) > 1 else None
+            timeline.append([round(reading[0] - start, 1), round(sum(busy) / len(busy) / 100, 3) if busy else None,
+                             round(cores, 2) if cores is not None else None])
+            bucket = [reading]
+    return {"gpu_busy_share": {str(i): round(sum(b) / len(b) / 100, 3) for i, b in sorted(sampler.gpu_busy.items())},
+            "sm_mhz_min": {str(i): c for i, c in sorted(sampler.sm_mhz.items())},
+            "rank_cores": {str(r): round(c / wall_s, 2) for r, c in sorted(sampler.rank_cpu_s.items())},
+            "busy_timeline": timeline}
 
 
 def limit_s(part: Part, setup: Setup, steps: int) -> float:
@@ -439,7 +486,7 @@ def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict
             "commands": [shlex.join(launch.command) + f"   # cwd {launch.cwd}, CUDA_VISIBLE_DEVICES="
                          f"{launch.env.get('CUDA_VISIBLE_DEVICES', '(unset)')}" for launch in ran.launches],
             "wall_s": round(ran.wall_s, 1), **ran.host,
-            "device_used_mib": max(ran.gpu_mib.values()) if ran.gpu_mib else None,
+            "device_used_mib": max(ran.gpu_mib.values()) if ran.gpu_mib else None, **ran.watch,
             "rank_pids": {str(k): v for k, v in sorted(ran.ranks.items())},
             "efficiency": None, "checks": {}}
 

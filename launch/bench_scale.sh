@@ -4,8 +4,9 @@
 # session of their own, so that a run longer than one command goes on between commands:
 #   bash launch/bench_scale.sh start PART...   # install carried wheels (.whl/), then start
 #   bash launch/bench_scale.sh wait SECONDS    # wait up to SECONDS; rows, plot and log into $OUT
-# The four-GPU issue's runs, back to back on one warm 4-GPU host:
-#   HOST_MEMORY=500GiB bash launch/bench_scale.sh start four-gpu-128k four-gpu-1m resume-two-gpu-1m four-gpu-2m
+# The four-GPU runs, back to back on one warm 4-GPU host (about 4, 14, 10 and 6 minutes: the
+# baseline, then the paper's per-GPU load, then the 1M run and its checkpoint on two GPUs):
+#   HOST_MEMORY=500GiB bash launch/bench_scale.sh start four-gpu-128k four-gpu-2m four-gpu-1m resume-two-gpu-1m
 #   bash launch/bench_scale.sh wait 560    # repeated until it says the run has ended
 # HOST_MEMORY: the host's memory for the planner and every rank's own plan (train.sh --host-memory),
 # where MemTotal is not it (a VM whose memory grows as it is used reads far less at the start).
