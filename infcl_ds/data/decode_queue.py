@@ -23,7 +23,7 @@ later call raises DecodeStopped naming why, in one line.
 """
 import threading
 from collections import OrderedDict, deque
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import DataError
 
@@ -41,7 +41,8 @@ class Piece:
     """Rows [lo, hi) of a batch. `request()` makes its decode request (None once the batch is
     gone); `result` is what the worker handed back, `error` what it raised; `uses`, the takes it
     has left (after a take: 0 on its last)."""
-    __slots__ = ("lo", "hi", "request", "state", "result", "error", "taken", "counted", "uses", "given")
+    __slots__ = ("lo", "hi", "request", "state", "result", "error", "taken", "counted", "uses", "given", "index",
+                 "gone")
 
     def __init__(self, lo: int, hi: int, request: Callable, uses: int = 1):
         self.lo, self.hi, self.request = lo, hi, request
@@ -50,6 +51,51 @@ class Piece:
         self.taken = False  # a consumer waits for it: not matched again (until its next use)
         self.counted = False  # its rows are in the queue's count of rows held (the window's)
         self.uses, self.given = uses, 0  # takes left, takes so far
+        self.index = 0  # its place in its batch's announced order
+        self.gone = False  # out of its batch: taken for the last time, or dropped
+
+
+class BatchPieces:
+    """A batch's announced pieces in order, each found by its rows in constant time however many
+    there are (a local batch of millions of rows is tens of thousands of pieces, and the pieces
+    taken once and wanted again, the rows kept between the passes, stay among them)."""
+
+    def __init__(self, pieces: List[Piece]):
+        self._order = pieces
+        self._front = 0  # the pieces before it were taken or passed
+        self._by_rows: Dict[Tuple[int, int], deque] = {}
+        for index, piece in enumerate(pieces):
+            piece.index = index
+            self._by_rows.setdefault((piece.lo, piece.hi), deque()).append(piece)
+
+    def __iter__(self):
+        return (piece for piece in self._order if not piece.gone)
+
+    def holds(self, piece: Piece) -> bool:
+        return not piece.gone and piece.index < len(self._order) and self._order[piece.index] is piece
+
+    def find(self, lo: int, hi: int) -> Optional[Piece]:
+        """The first piece of rows [lo, hi) nobody waits for."""
+        return next((p for p in self._by_rows.get((lo, hi), ()) if not p.taken), None)
+
+    def pass_to(self, piece: Piece) -> List[Piece]:
+        """The consumer takes `piece`: the pieces announced before it that it never took, now out
+        of the batch (those taken before and wanted again stay)."""
+        passed = [p for p in self._order[self._front:piece.index] if not p.gone and not p.given]
+        for p in passed:
+            self.remove(p)
+        self._front = max(self._front, piece.index + 1)
+        return passed
+
+    def remove(self, piece: Piece) -> None:
+        piece.gone = True
+        same = self._by_rows[(piece.lo, piece.hi)]
+        if same[0] is piece:
+            same.popleft()
+        else:
+            same.remove(piece)
+        if not same:
+            del self._by_rows[(piece.lo, piece.hi)]
 
 
 class DecodeQueue:
@@ -64,7 +110,7 @@ class DecodeQueue:
         self._start, self._wake, self._release = start, wake, release
         # Re-entrant (an RLock): a batch collected while this thread holds it calls forget().
         self._cond = threading.Condition()
-        self._batches: "OrderedDict[int, List[Piece]]" = OrderedDict()
+        self._batches: "OrderedDict[int, BatchPieces]" = OrderedDict()
         # What the worker's next request needs in constant time, however many pieces a local batch
         # of millions of rows announces: the announced pieces in order (those no longer announced
         # are skipped when met), and the rows decoding or ready (what the window counts).
@@ -89,8 +135,8 @@ class DecodeQueue:
         place."""
         with self._cond:
             self._check()
-            self._drop(self._batches.get(batch_id, []))
-            self._batches[batch_id] = [Piece(*piece) for piece in pieces]
+            self._drop(self._batches.get(batch_id, ()))
+            self._batches[batch_id] = BatchPieces([Piece(*piece) for piece in pieces])
             # A batch announced again keeps its place: the order is rebuilt (once a batch, a step).
             self._pending = deque(p for batch in self._batches.values() for p in batch if p.state == ANNOUNCED)
             first, self._started = not self._started, True
@@ -102,7 +148,7 @@ class DecodeQueue:
     def forget(self, batch_id: int) -> None:
         """The batch is gone: its pieces are not decoded, nor kept."""
         with self._cond:
-            self._drop(self._batches.pop(batch_id, []))
+            self._drop(self._batches.pop(batch_id, ()))
             self._cond.notify_all()
         self._wake_worker()
 
@@ -120,8 +166,8 @@ class DecodeQueue:
         with self._cond:
             decoded = self._cond.wait_for(lambda: piece.state not in (ANNOUNCED, DECODING) or self.closed,
                                           DECODE_TIMEOUT_S)
-            pieces = self._batches.get(batch_id, [])
-            if decoded and piece in pieces:
+            pieces = self._batches.get(batch_id)
+            if decoded and pieces is not None and pieces.holds(piece):
                 piece.uses, piece.given = piece.uses - 1, piece.given + 1
                 if piece.uses > 0 and piece.state == READY:  # taken again later: its pixels stay held
                     piece.taken = False
@@ -201,16 +247,11 @@ class DecodeQueue:
         for earlier in order[:order.index(batch_id)]:
             self._drop(self._batches.pop(earlier))
         pieces = self._batches[batch_id]
-        at = next((i for i, p in enumerate(pieces) if (p.lo, p.hi) == (lo, hi) and not p.taken), None)
-        if at is None:
+        piece = pieces.find(lo, hi)
+        if piece is None:
             self._cond.notify_all()
             return None
-        piece = pieces[at]
-        # The consumer is past the pieces before it that it never took; those taken before and
-        # wanted again stay.
-        passed = [p for p in pieces[:at] if not p.given]
-        self._drop(passed)
-        pieces[:at] = [p for p in pieces[:at] if p.given]
+        self._drop(pieces.pass_to(piece))
         piece.taken = True  # still announced, or ready: the worker's next piece, or the consumer's
         self._cond.notify_all()
         return piece
@@ -225,7 +266,7 @@ class DecodeQueue:
             piece.counted = held
             self._held_rows += (piece.hi - piece.lo) * (1 if held else -1)
 
-    def _drop(self, pieces: List[Piece]) -> None:
+    def _drop(self, pieces: Iterable[Piece]) -> None:
         for piece in pieces:
             if piece.state == READY and self._release is not None:
                 self._release(piece)
