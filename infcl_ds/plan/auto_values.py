@@ -15,7 +15,7 @@ They are chosen together, because each depends on the others:
   that makes the step shorter.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
@@ -126,10 +126,10 @@ def planned_cores(gpus: int, gpus_per_node: int, cores: Optional[int] = None) ->
                        "on a node")
 
 
-def _busy_besides_decoding(data: DataSection) -> Tuple[int, str]:
-    """(cores, in words) that else stay busy on a rank while its decode processes run: the
-    training process (it drives the GPU and assembles the next batch), the data.workers readers
-    together one core (each step they read a local batch's stored bytes and tokenize its
+def busy_besides_decoding(data: DataSection) -> List[Tuple[int, str]]:
+    """(cores, in words) of each thing that else stays busy on a rank while its decode processes
+    run: the training process (it drives the GPU and assembles the next batch), the data.workers
+    readers together one core (each step they read a local batch's stored bytes and tokenize its
     captions: tens of microseconds a sample, against milliseconds to decode it) and, for
     data.decoder=hybrid, the GPU decoder's lane thread (it drives nvJPEG). Decode processes
     beyond the cores these leave would only take turns with them and with each other."""
@@ -138,13 +138,17 @@ def _busy_besides_decoding(data: DataSection) -> Tuple[int, str]:
         busy.append((1, f"{data.workers} reader{'s' if data.workers > 1 else ''} (one core)"))
     if data.decoder == "hybrid":
         busy.append((1, "the GPU decoder's lane thread"))
-    words = [text for _, text in busy]
-    return sum(n for n, _ in busy), ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
+    return busy
+
+
+def in_words(items: Sequence[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1] if items else ""
 
 
 def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorkers:
     """`data.decode_workers: auto` on a rank with `share` of its node's cores: the cores left by
-    _busy_besides_decoding, at most MAX_PROCESSES. At least 1 where the share has 2 cores or
+    busy_besides_decoding, at most MAX_PROCESSES. At least 1 where the share has 2 cores or
     more, so that decoding overlaps the step; 0 (decode in the training process) on a
     share of one core, where a decode process would only take turns with the training process
     and add its window. 0 where nothing decodes in processes (data.decoder=nvjpeg, decoded host
@@ -156,8 +160,8 @@ def auto_decode_workers(data: DataSection, share: CoreShare) -> AutoDecodeWorker
     if share.cores <= 1:
         return AutoDecodeWorkers(0, f"{share.text}: decoded in the training process, which a decode "
                                     "process would only take turns with")
-    busy, words = _busy_besides_decoding(data)
-    left = share.cores - busy
+    busy = busy_besides_decoding(data)
+    left, words = share.cores - sum(n for n, _ in busy), in_words([text for _, text in busy])
     count = min(max(1, left), MAX_PROCESSES)
     bound = ("; at least 1, so that decoding overlaps the step" if left < 1 else
              f"; at most {MAX_PROCESSES:,}" if left > MAX_PROCESSES else "")

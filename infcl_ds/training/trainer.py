@@ -28,12 +28,13 @@ from ..validation import NonFiniteFeaturesError
 from . import divergence
 from .build import build_engine
 from .distributed import collective_timeout_s, init_distributed
+from .host_threads import limit_host_threads
 from .launcher_watch import LauncherWatch, agreed_stop
 from .metrics import MetricsLogger, PoolRate, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import trajectory_changes
-from .resolve import agree_on_chunk, resolve_recipe, saved_recipe
+from .resolve import agree_on_chunk, rank_sizes, resolve_recipe, saved_recipe
 from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
 
@@ -60,6 +61,7 @@ class Trainer:
         share_refusal(self.run_lock, self.rank, self.world, self.device)
         self.phase = "checking the recipe, data paths, output directory and checkpoint"
         resolution = agree_on_chunk(recipe, resolution, self.world, self.device, self.rank)
+        limit_host_threads(resolution.recipe, self.world, self.device, rank_sizes(self.device).share, self.rank)
         recipe = self.recipe = saved_recipe(recipe, resolution)
         # Everything below up to the model is checked by every rank on the same inputs: all
         # raise alike, none is left waiting in a collective.
