@@ -19,7 +19,12 @@ Threads and processes:
   why), each with its own pipe; a worker decodes one piece at a time into the slot it was given.
 - the dispatcher thread (started at the first announcement, after every fork of the build):
   sends each idle worker the queue's next piece while a slot is free, hands results back to the
-  queue, frees slots whose device copies have completed, and notices dead workers.
+  queue, and notices dead workers.
+- the releaser thread (started at the first slot released behind a device copy): waits, GIL
+  released and without spinning, for each such copy to complete, then frees its slot and wakes
+  the dispatcher. Nothing polls: a thread that woke every few milliseconds would take the
+  interpreter from the thread driving the GPU that often, and on a host whose cores the decode
+  processes keep busy each hand-back can cost that thread a scheduler's time slice.
 - the consumer (the training loop): `take` waits for an announced piece, copies it out of its
   slot and `release`s the slot.
 """
@@ -31,6 +36,7 @@ import threading
 import time
 from collections import deque
 from multiprocessing import connection
+from queue import SimpleQueue
 from typing import List, Optional
 
 import torch
@@ -116,7 +122,8 @@ class DecodePool:
         # Slots appended from any thread and popped by the dispatcher alone: deque's appends and
         # pops are atomic, so neither needs a lock (nor can the queue's lock wait on one).
         self._free = deque(range(slots))
-        self._releasing: deque = deque()  # (slot, CUDA event): freed once the copies out of it are done
+        self._copies: SimpleQueue = SimpleQueue()  # (slot, CUDA event): freed once the copies out of it are done
+        self._releaser: Optional[threading.Thread] = None
         self.queue = DecodeQueue("decode pool", start=self._start, wake=self._wake,
                                  release=lambda piece: self._free.append(piece.result[0]))
         self._lock = threading.Lock()  # the dispatcher's start, the wake pipe, the workers' stop
@@ -162,6 +169,7 @@ class DecodePool:
         """Close the queue, stop the workers and the dispatcher and wait for them (killing a
         worker that does not leave within _JOIN_S). Later calls raise DataError naming `why`."""
         self.queue.close(why)
+        self._copies.put(None)  # the releaser ends after the copies released before (a daemon: never waited on)
         with self._lock:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -178,9 +186,25 @@ class DecodePool:
     def _release(self, slot: int, after) -> None:
         if after is None:
             self._free.append(slot)
-        else:
-            self._releasing.append((slot, after))
-        self._wake()
+            self._wake()
+            return
+        with self._lock:
+            if self._releaser is None:
+                self._releaser = threading.Thread(target=self._release_loop, daemon=True, name="infcl-ds-decode-copies")
+                self._releaser.start()
+        self._copies.put((slot, after))
+
+    def _release_loop(self) -> None:
+        """Free each slot once the device copy out of it has completed (its event recorded with
+        blocking=True: the wait sleeps), in the order they were released, until close()."""
+        while True:
+            item = self._copies.get()
+            if item is None:
+                return
+            slot, copied = item
+            copied.synchronize()
+            self._free.append(slot)
+            self._wake()
 
     # -- the queue's worker ------------------------------------------------------------------
     def _start(self) -> None:
@@ -202,14 +226,12 @@ class DecodePool:
         sentinels = {p.sentinel: i for i, p in enumerate(self._procs)}
         conns = {id(c): i for i, c in enumerate(self._conns)}
         while not self.queue.closed:
-            self._free_copied()
             for worker, task in self._assign():
                 try:
                     self._conns[worker].send(task)
                 except (OSError, EOFError):
                     pass  # a dead worker: its sentinel says so below
-            polling = bool(self._releasing)
-            ready = connection.wait([*self._conns, *sentinels, self._wake_r], timeout=0.002 if polling else 1.0)
+            ready = connection.wait([*self._conns, *sentinels, self._wake_r], timeout=1.0)
             for item in ready:
                 if item == self._wake_r:
                     os.read(self._wake_r, 4096)
@@ -218,14 +240,6 @@ class DecodePool:
                 else:
                     self._receive(conns[id(item)])
         self._stop_workers()
-
-    def _free_copied(self) -> None:
-        for _ in range(len(self._releasing)):
-            slot, event = self._releasing.popleft()
-            if event.query():
-                self._free.append(slot)
-            else:
-                self._releasing.append((slot, event))
 
     def _assign(self) -> list:
         """Idle workers get the queue's next pieces while a slot is free: (worker, task)."""

@@ -320,7 +320,7 @@ class EncodedBatch:
             images[a - lo:b - lo].copy_(piece.pixels, non_blocking=True)
             copied = None
             if device.type == "cuda":
-                copied = torch.cuda.Event()
+                copied = torch.cuda.Event(blocking=True)  # waited on by the pool's releaser: it sleeps
                 copied.record()
             piece.release(copied)
             rows[a] = piece.source + a
