@@ -57,4 +57,5 @@ bash "$root/launch/setup.sh"
 # OpenMPI (Debian's packages) for the mpirun launch test; a no-op when mpirun exists.
 bash "$root/launch/install_openmpi.sh"
 export TRITON_INTERPRET=1 DS_ACCELERATOR=cpu
-exec "$root/.venv/bin/python" -m pytest -q "$@"
+# --durations: the slowest tests at the end of every run, the ones tests/README.md accounts for
+exec "$root/.venv/bin/python" -m pytest -q --durations=12 "$@"
