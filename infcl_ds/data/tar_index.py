@@ -7,7 +7,8 @@ decoded), grouping members by WebDataset key (the name up to the first dot of th
 member. The spans are cached per shard under $INFCL_DS_CACHE (default ~/.cache/infcl_ds), keyed
 by the shard's real path, size and mtime, so a restart does not rescan. A cache file is plain
 integers behind a header that lets it verify itself (cache_header); one that does not (cut, edited,
-another version's, another shard's) is rebuilt without a word: it is a cache, never an input.
+another version's, another shard's), or whose spans do not lie inside the shard (a file forged
+with a checksum to match), is rebuilt without a word: it is a cache, never an input.
 
 Reading a member is bounded by its role's limit (MAX_IMAGE_BYTES, MAX_TEXT_BYTES): a sample with
 a larger one is skipped, and its member never read.
@@ -90,8 +91,8 @@ def cache_header(stat: os.stat_result, payload: bytes) -> bytes:
 
 
 def read_cache(cache: Path, stat: os.stat_result) -> Optional[np.ndarray]:
-    """The spans cached for a shard with this stat, or None if the file is absent or does not
-    verify. Reads only a file of the size its header announces."""
+    """The spans cached for a shard with this stat, or None if the file is absent, does not
+    verify or holds a span outside the shard. Reads only a file of the size its header announces."""
     try:
         with open(cache, "rb") as f:
             header = f.read(CACHE_HEADER.size)
@@ -105,7 +106,20 @@ def read_cache(cache: Path, stat: os.stat_result) -> Optional[np.ndarray]:
         return None
     if header != cache_header(stat, payload):
         return None
-    return np.frombuffer(payload, SPAN_DTYPE).astype(np.int64).reshape(rows, len(ROLE_EXTENSIONS), 2)
+    spans = np.frombuffer(payload, SPAN_DTYPE).astype(np.int64).reshape(rows, len(ROLE_EXTENSIONS), 2)
+    return spans if spans_inside(spans, stat.st_size) else None
+
+
+def spans_inside(spans: np.ndarray, file_size: int) -> bool:
+    """Whether every span is a missing member (-1, -1) or lies inside a file of `file_size`
+    bytes, as scan_shard writes them. The checksum proves a payload whole, not honest: a span
+    past the end would be sought at read time (an OSError past the file system's largest
+    offset, or a short read)."""
+    offsets, sizes = spans[..., 0], spans[..., 1]
+    missing = (offsets == -1) & (sizes == -1)
+    # sizes <= file_size - offsets, where offsets lie in [0, file_size]: no int64 overflow
+    inside = (offsets >= 0) & (offsets <= file_size) & (sizes >= 0) & (sizes <= file_size - offsets)
+    return bool((missing | inside).all())
 
 
 def write_cache(cache: Path, stat: os.stat_result, spans: np.ndarray) -> None:

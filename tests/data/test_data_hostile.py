@@ -19,7 +19,7 @@ from infcl_ds.data import DataError
 from infcl_ds.data.eval_split import find_zeroshot
 from infcl_ds.data.samples import MAX_TEXT_BYTES, SkipSample, load_or_replace
 from infcl_ds.data.sources import CsvSource
-from infcl_ds.data.tar_index import shard_spans
+from infcl_ds.data.tar_index import cache_header, shard_spans
 from infcl_ds.data.webdataset_source import TarSource
 
 
@@ -235,7 +235,17 @@ def _npy(array) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("damage", ["cut", "reshaped", "pickle", "empty", "other shard"])
+def _forged(path, spans, offset_shift: int, size_shift: int = 0) -> bytes:
+    """A cache file for `path` whose spans are moved, with a header and checksum to match."""
+    forged = spans.copy()
+    forged[:, :, 0] += offset_shift
+    forged[:, :, 1] += size_shift
+    payload = forged.astype("<i8").tobytes()
+    return cache_header(path.stat(), payload) + payload
+
+
+@pytest.mark.parametrize("damage", ["cut", "reshaped", "pickle", "empty", "other shard", "forged past 16 TiB",
+                                    "forged past the end", "forged overflowing"])
 def test_a_damaged_index_cache_is_rebuilt(tmp_path, damage):
     path = _shard(tmp_path / "s.tar", [{"png": _png(), "txt": f"caption {i}".encode()} for i in range(5)])
     spans, cut = shard_spans(path)
@@ -249,9 +259,15 @@ def test_a_damaged_index_cache_is_rebuilt(tmp_path, damage):
                        "reshaped": _npy(spans.reshape(-1, 2)),
                        "pickle": _npy(np.array([{"a": 1}], dtype=object)),
                        "empty": b"",
-                       "other shard": other_cache.read_bytes()}[damage])
+                       "other shard": other_cache.read_bytes(),
+                       # a read would seek past the file system's largest offset: OSError
+                       "forged past 16 TiB": _forged(path, spans, 1 << 44),
+                       "forged past the end": _forged(path, spans, 0, path.stat().st_size),
+                       "forged overflowing": _forged(path, spans, 0, (1 << 63) - 1 - int(spans[..., 1].max())),
+                       }[damage])
     again, cut = shard_spans(path)
     assert not cut and np.array_equal(again, spans)
+    assert TarSource(path).load_encoded(4).caption == "caption 4"
     assert cache.read_bytes() == whole  # rewritten, and verifies
     assert np.array_equal(shard_spans(path)[0], spans)
 
