@@ -48,11 +48,11 @@ def check_paths(data, images: bool = False) -> str:
         skipped = check_csv_rows(data.train, data.csv_img_key, data.csv_caption_key, data.csv_separator) if images else None
         if skipped:
             print(f"infcl-ds data check: warning: {skipped}", file=sys.stderr)
-        found = f"CSV {data.train} ({rows} lines)"
+        found = f"CSV {shown(data.train, quote=False)} ({rows} lines)"
     if data.eval:
         eval_shards = expand_shards(data.eval)
         find_zeroshot(eval_shards)  # beside the shards or one level up, as evaluation looks
-        found += f"; evaluation split {data.eval} ({len(eval_shards)} shards)"
+        found += f"; evaluation split {shown(data.eval, quote=False)} ({len(eval_shards)} shards)"
     return found
 
 
@@ -120,8 +120,8 @@ def check_image(path: Path, line: int, name: str) -> None:
         return  # missing or unreadable: skipped and counted in training
     why = not_a_sample_file(info)
     if why is not None:
-        raise DataError(f"CSV {path} line {line}: image {shown(name, quote=False)} {why}; only regular "
-                        f"files of at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
+        raise DataError(f"CSV {shown(path, quote=False)} line {line}: image {shown(name, quote=False)} {why}; only "
+                        f"regular files of at most {MAX_IMAGE_BYTES >> 20} MiB are read as samples")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -23,11 +23,12 @@ def find_zeroshot(shards: List[Path]) -> dict:
     folder = shards[0].parent
     path = next((p for p in (folder / "zeroshot.json", folder.parent / "zeroshot.json") if p.is_file()), None)
     if path is None:
-        raise DataError(f"no zeroshot.json in {folder} or {folder.parent}")
+        raise DataError(f"no zeroshot.json in {shown(folder, quote=False)} or {shown(folder.parent, quote=False)}")
     try:
         prompts = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting too deep recurses
-        raise DataError(f"{path} is not valid JSON: {shown(str(e), quote=False) or type(e).__name__}") from None
+        why = shown(str(e), quote=False) or type(e).__name__
+        raise DataError(f"{shown(path, quote=False)} is not valid JSON: {why}") from None
     check_prompts(path, prompts)
     return prompts
 
@@ -38,12 +39,12 @@ def check_prompts(path: Path, prompts) -> None:
     Anything looser evaluates silently wrong: a string of class names is iterated as its
     letters, and open_clip's classifier fills a template with `template.format(classname)`."""
     if not isinstance(prompts, dict):
-        raise DataError(f"{path}: the top level must be an object with 'classnames' and 'templates', "
-                        f"not {_kind(prompts)}")
+        raise DataError(f"{shown(path, quote=False)}: the top level must be an object with 'classnames' and "
+                        f"'templates', not {_kind(prompts)}")
     for key, why in (("classnames", _classnames_problem), ("templates", _templates_problem)):
         problem = why(prompts.get(key))
         if problem:
-            raise DataError(f"{path}: '{key}' {problem}")
+            raise DataError(f"{shown(path, quote=False)}: '{key}' {problem}")
 
 
 def _classnames_problem(names) -> Optional[str]:

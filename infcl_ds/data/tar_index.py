@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
+from ..shown import shown
 from .errors import DataError
 from .samples import MAX_IMAGE_BYTES, MAX_TEXT_BYTES, SkipSample
 
@@ -54,7 +55,7 @@ def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
             tar.fileobj.seek(tar.offset)
             cut = cut or tar.fileobj.read(512) != bytes(512)
     except (tarfile.TarError, OSError) as e:
-        raise DataError(f"cannot index tar shard {path}: {e}") from e
+        raise DataError(f"cannot index tar shard {shown(path, quote=False)}: {shown(str(e), quote=False)}") from e
     spans = np.full((len(members), len(ROLE_EXTENSIONS), 2), -1, dtype=np.int64)
     for row, by_ext in enumerate(members.values()):
         for role, extensions in enumerate(ROLE_EXTENSIONS):
@@ -65,8 +66,9 @@ def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
 
 
 def cut_short_message(path: Path, samples: int) -> str:
-    return (f"shard {path} is cut short (it ends inside a tar member or header, or holds no end-of-archive "
-            f"block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it out")
+    return (f"shard {shown(path, quote=False)} is cut short (it ends inside a tar member or header, or holds no "
+            f"end-of-archive block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it "
+            "out")
 
 
 def _cache_file(path: Path, stat: os.stat_result) -> Path:
@@ -176,7 +178,7 @@ class TarIndex:
             name, limit, limit_name = ROLE_LIMITS[role]
             if spans[role, 1] > limit:
                 raise SkipSample(f"{name} member of {int(spans[role, 1]):,} bytes, over the limit of {limit:,} "
-                                 f"({limit_name}), in shard {self.shard_of(index)}")
+                                 f"({limit_name}), in shard {shown(self.shard_of(index), quote=False)}")
         with open(self.shard_of(index), "rb") as f:
             return [_read_span(f, *spans[role]) for role in roles]
 

@@ -272,6 +272,48 @@ def test_a_damaged_index_cache_is_rebuilt(tmp_path, damage):
     assert np.array_equal(shard_spans(path)[0], spans)
 
 
+# -- file names in messages ----------------------------------------------------------------
+
+# A line break and a terminal escape (red text) in a file name: a message naming the file as it
+# is would split in two, and the terminal would obey the escape.
+HOSTILE_NAME, HOSTILE_SHOWN = "a\n\x1b[31mred", "a\\n\\x1b[31mred"
+
+
+def test_hostile_shard_names_are_shown_escaped(tmp_path, capsys):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    os.mkfifo(folder / f"{HOSTILE_NAME}.tar")
+    expected = f"shard {folder}/{HOSTILE_SHOWN}.tar is a FIFO, not a regular file: refused"
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={folder}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {expected}"
+    with pytest.raises(DataError) as err:  # the trainer's source
+        TarSource(folder)
+    assert str(err.value) == expected
+    (folder / f"{HOSTILE_NAME}.tar").unlink()
+    cut = folder / f"{HOSTILE_NAME}.tar"
+    whole = _shard(tmp_path / "whole.tar", [{"png": _png(), "txt": b"caption"}] * 3).read_bytes()
+    cut.write_bytes(whole[:4 * 512 + 100])  # sample 0 (2 members of a header and a data block) and a cut header
+    assert len(TarSource(folder)) == 1
+    warning = _one_line(capsys.readouterr().err)
+    assert warning.startswith(f"infcl-ds: warning: shard {folder}/{HOSTILE_SHOWN}.tar is cut short")
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={folder}")
+    assert code == 2 and _one_line(out.err).startswith(f"infcl-ds data check: shard {folder}/{HOSTILE_SHOWN}.tar is "
+                                                       "cut short")
+
+
+def test_hostile_csv_and_image_names_are_shown_escaped(tmp_path):
+    table = tmp_path / f"{HOSTILE_NAME}.csv"
+    table.write_text("filepath,title\n")
+    with pytest.raises(DataError) as err:
+        CsvSource(table, "filepath", "title")
+    assert str(err.value) == f"CSV {tmp_path}/{HOSTILE_SHOWN}.csv has no rows under its header"
+    os.mkfifo(tmp_path / f"{HOSTILE_NAME}.png")
+    table.write_text(f'filepath,title\n"{HOSTILE_NAME}.png",a caption\n')
+    with pytest.raises(SkipSample) as skip:
+        CsvSource(table, "filepath", "title").load_encoded(0)
+    assert str(skip.value) == f"image {tmp_path}/{HOSTILE_SHOWN}.png is a FIFO, not a regular file"
+
+
 # -- output directories ---------------------------------------------------------------------
 
 def test_digits_into_a_path_that_is_not_a_directory_is_one_line(tmp_path, capsys):
