@@ -3,7 +3,7 @@ classification and retrieval, in a fixed order, every usable sample once."""
 import json
 import string
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
@@ -15,6 +15,14 @@ from .errors import DataError
 from .samples import SkipSample
 from .transforms import uint8_image_transform
 from .webdataset_source import TarSource
+
+
+def labelled_split(spec) -> Tuple[TarSource, dict]:
+    """An evaluation split's samples, every one with a label member (TarSource.require_labels),
+    and its zero-shot prompts (find_zeroshot): what evaluation and `infcl-ds data check` open."""
+    source = TarSource(spec)
+    source.require_labels()
+    return source, find_zeroshot(source.index.shards)
 
 
 def find_zeroshot(shards: List[Path]) -> dict:
@@ -156,8 +164,6 @@ def build_eval_data(spec_or_path, *, image_size: int, tokenizer, batch_size: int
             raise DataError("eval data spec needs a 'path' (a split directory or shard spec)")
         workers = spec_or_path.get("workers", workers)
         spec_or_path = spec_or_path["path"]
-    source = TarSource(spec_or_path)
-    source.require_labels()
-    prompts = find_zeroshot(source.index.shards)
+    source, prompts = labelled_split(spec_or_path)
     return EvalData(source, prompts, uint8_image_transform(image_size, augment=False),
                     EvalCollate(tokenizer, mean, std), batch_size, workers)

@@ -52,13 +52,20 @@ def _existing_file(path) -> Path:
     return path
 
 
+def shard_index(spec: ShardSpec) -> TarIndex:
+    """The index of the spec's shards (expand_shards); DataError if not one of them holds a
+    sample. The trainer's sources and `infcl-ds data check` both open shards here."""
+    index = TarIndex(expand_shards(spec))
+    if len(index) == 0:
+        raise DataError(f"no samples in shards {shown(spec, quote=False)}")
+    return index
+
+
 class TarSource:
     """Samples of WebDataset shards, read by index through a `TarIndex`."""
 
     def __init__(self, shards: ShardSpec):
-        self.index = TarIndex(expand_shards(shards))
-        if len(self.index) == 0:
-            raise DataError(f"no samples in shards {shown(shards, quote=False)}")
+        self.index = shard_index(shards)
         # A shard cut short still trains on what it holds; `infcl-ds data check` refuses it.
         # Said once per job (every rank indexes the same shards), one line per shard.
         if os.environ.get("RANK", "0") == "0":

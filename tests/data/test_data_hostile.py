@@ -224,6 +224,38 @@ def test_oversized_captions_and_labels_in_a_shard_are_skipped_unread(tmp_path):
         source.load(2, with_label=True)
 
 
+def test_data_check_refuses_what_training_refuses_once_its_ranks_start(tmp_path, capsys):
+    """Each in the trainer's own words, from the check the trainer runs."""
+    from infcl_ds.data import build_eval_data
+    empty = _shard(tmp_path / "empty.tar", [])
+    with pytest.raises(DataError) as err:
+        TarSource(empty)  # the trainer's source
+    assert str(err.value) == f"no samples in shards {empty}"
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={empty}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {err.value}"
+
+    ten = _shard(tmp_path / "ten.tar", [{"png": _png(), "txt": b"a caption"}] * 10)
+    table = _csv(tmp_path, b"a.png,a caption\n" * 10)
+    too_few = "infcl-ds data check: 10 samples do not fill one global batch of 512 (batch.global): not one " \
+              "training step could run"
+    for source, train in (("webdataset", ten), ("csv", table)):
+        code, out = data_check(capsys, f"data.source={source}", f"data.train={train}", "batch.global=512",
+                               "batch.chunk=64")
+        assert code == 2 and _one_line(out.err) == too_few
+        assert data_check(capsys, f"data.source={source}", f"data.train={train}", "batch.global=10",
+                          "batch.chunk=5")[0] == 0
+
+    split = tmp_path / "test"
+    split.mkdir()
+    _shard(split / "shard.tar", [{"png": _png(), "txt": b"a zero", "cls": b"0"}, {"png": _png(), "txt": b"no label"}])
+    (split / "zeroshot.json").write_text(json.dumps({"classnames": ["zero"], "templates": ["a {}"]}))
+    with pytest.raises(DataError) as err:
+        build_eval_data(split, image_size=8, tokenizer=None)  # what the trainer and `infcl-ds eval` read
+    assert str(err.value) == f"shard {split / 'shard.tar'} has samples without a .cls or .json label member"
+    code, out = data_check(capsys, "data.source=synthetic", f"data.eval={split}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {err.value}"
+
+
 def _cache_file(tmp_path):
     (cache,) = (tmp_path / "cache" / "tar-index").iterdir()
     return cache
