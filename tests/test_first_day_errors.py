@@ -4,6 +4,7 @@ check` read data alike. In process, except one diverging run of the trainer."""
 import csv
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,6 +242,9 @@ def test_a_changed_model_is_a_short_summary():
 def test_error_lines_quote_at_most_a_bounded_part_of_a_value(tmp_path):
     assert shown("abc") == "'abc'"
     assert shown("x" * 10_000_000) == repr("x" * 200) + "... (10,000,000 characters)"
+    # unquoted (a path in a sentence): printable characters as they are, the others escaped
+    assert shown(Path("/data/é/a\n\x1b[31m\u202e.tar"), quote=False) == "/data/é/a\\n\\x1b[31m\\u202e.tar"
+    assert shown("\n" * 300, quote=False) == "\\n" * 200 + "... (300 characters)"
     huge = "y" * 1_000_000  # a 10 MB value reads the same, only slower
     for sets in (["model.loss=" + huge], [huge], ["batch.global=" + huge]):
         with pytest.raises(RecipeError) as err:

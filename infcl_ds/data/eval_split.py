@@ -3,7 +3,7 @@ classification and retrieval, in a fixed order, every usable sample once."""
 import json
 import string
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
@@ -17,17 +17,26 @@ from .transforms import uint8_image_transform
 from .webdataset_source import TarSource
 
 
+def labelled_split(spec) -> Tuple[TarSource, dict]:
+    """An evaluation split's samples, every one with a label member (TarSource.require_labels),
+    and its zero-shot prompts (find_zeroshot): what evaluation and `infcl-ds data check` open."""
+    source = TarSource(spec)
+    source.require_labels()
+    return source, find_zeroshot(source.index.shards)
+
+
 def find_zeroshot(shards: List[Path]) -> dict:
     """zeroshot.json beside the first shard or one level up (DIR/test/.. = DIR), checked
     (check_prompts)."""
     folder = shards[0].parent
     path = next((p for p in (folder / "zeroshot.json", folder.parent / "zeroshot.json") if p.is_file()), None)
     if path is None:
-        raise DataError(f"no zeroshot.json in {folder} or {folder.parent}")
+        raise DataError(f"no zeroshot.json in {shown(folder, quote=False)} or {shown(folder.parent, quote=False)}")
     try:
         prompts = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting too deep recurses
-        raise DataError(f"{path} is not valid JSON: {shown(str(e), quote=False) or type(e).__name__}") from None
+        why = shown(str(e), quote=False) or type(e).__name__
+        raise DataError(f"{shown(path, quote=False)} is not valid JSON: {why}") from None
     check_prompts(path, prompts)
     return prompts
 
@@ -38,12 +47,12 @@ def check_prompts(path: Path, prompts) -> None:
     Anything looser evaluates silently wrong: a string of class names is iterated as its
     letters, and open_clip's classifier fills a template with `template.format(classname)`."""
     if not isinstance(prompts, dict):
-        raise DataError(f"{path}: the top level must be an object with 'classnames' and 'templates', "
-                        f"not {_kind(prompts)}")
+        raise DataError(f"{shown(path, quote=False)}: the top level must be an object with 'classnames' and "
+                        f"'templates', not {_kind(prompts)}")
     for key, why in (("classnames", _classnames_problem), ("templates", _templates_problem)):
         problem = why(prompts.get(key))
         if problem:
-            raise DataError(f"{path}: '{key}' {problem}")
+            raise DataError(f"{shown(path, quote=False)}: '{key}' {problem}")
 
 
 def _classnames_problem(names) -> Optional[str]:
@@ -155,8 +164,6 @@ def build_eval_data(spec_or_path, *, image_size: int, tokenizer, batch_size: int
             raise DataError("eval data spec needs a 'path' (a split directory or shard spec)")
         workers = spec_or_path.get("workers", workers)
         spec_or_path = spec_or_path["path"]
-    source = TarSource(spec_or_path)
-    source.require_labels()
-    prompts = find_zeroshot(source.index.shards)
+    source, prompts = labelled_split(spec_or_path)
     return EvalData(source, prompts, uint8_image_transform(image_size, augment=False),
                     EvalCollate(tokenizer, mean, std), batch_size, workers)

@@ -24,6 +24,8 @@ from .decode_pieces import JPEG_MAGIC, by_pil_where_missing
 from .errors import DataError
 
 EXTRA = "gpu-decode"
+# The data.decoder values that decode on the GPU, with data.gpu_jpeg_library's library.
+GPU_DECODERS = ("nvjpeg", "hybrid")
 
 
 def nvimgcodec_module():
@@ -34,6 +36,17 @@ def nvimgcodec_module():
     except ImportError:
         raise DataError(f"data.gpu_jpeg_library=nvimgcodec needs NVIDIA's nvImageCodec, which is not installed: "
                         f"pip install 'infcl_ds[{EXTRA}]' (or data.gpu_jpeg_library=torchvision)") from None
+
+
+def require_gpu_jpeg_library(data) -> None:
+    """DataError naming the extra (nvimgcodec_module) where the recipe's data section decodes its
+    JPEGs with nvImageCodec and it is not installed: data.gpu_jpeg_library=nvimgcodec with a
+    decoder that decodes on the GPU, or data.decoder=auto, which a GPU rank may resolve to hybrid
+    (plan/auto_values.py). The trainer (with the decoder resolved) and `infcl-ds data check`
+    both refuse here."""
+    if (data.gpu_jpeg_library == "nvimgcodec" and data.host_batch == "encoded"
+            and data.decoder in GPU_DECODERS + ("auto",)):
+        nvimgcodec_module()
 
 
 class NvImageCodecJpegs:

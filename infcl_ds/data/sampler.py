@@ -12,11 +12,23 @@ from typing import Iterator, List, Tuple
 
 import numpy as np
 
+from .errors import DataError
+
 
 def steps_per_epoch(num_samples: int, global_batch: int, drop_last: bool) -> int:
     """drop_last: the global remainder (< one global batch) is dropped; else the last global
     batch is completed by wrapping around to the start of the permutation."""
     return num_samples // global_batch if drop_last else math.ceil(num_samples / global_batch)
+
+
+def require_steps(num_samples: int, global_batch: int, drop_last: bool = True) -> int:
+    """`steps_per_epoch`, or a DataError where it is 0: the samples do not fill one global batch.
+    The trainer's data (train_stream.TrainData) and `infcl-ds data check` both refuse here."""
+    steps = steps_per_epoch(num_samples, global_batch, drop_last)
+    if steps == 0:
+        raise DataError(f"{num_samples:,} samples do not fill one global batch of {global_batch:,} (batch.global): "
+                        "not one training step could run")
+    return steps
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 
 from PIL import Image
 
+from ..shown import shown
 from .errors import DataError
 
 # A run of unusable samples this long means broken data, not bad luck: fail loudly rather than
@@ -102,9 +103,9 @@ def read_image_file(path) -> bytes:
             finally:
                 os.close(fd)
     except OSError as e:
-        raise SkipSample(f"cannot read image {path}: {e}") from e
+        raise SkipSample(f"cannot read image {shown(path, quote=False)}: {e}") from e
     if why is not None:
-        raise SkipSample(f"image {path} {why}")
+        raise SkipSample(f"image {shown(path, quote=False)} {why}")
     return data
 
 

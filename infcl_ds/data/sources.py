@@ -31,11 +31,12 @@ def csv_separator(path: Path, separator=None) -> str:
     """DataError if the CSV does not exist or `separator` is not one character (Python's csv
     reads no other); else `separator`, by default a tab for .tsv, a comma otherwise."""
     if not path.is_file():
-        raise DataError(f"CSV file {path} does not exist")
+        raise DataError(f"CSV file {shown(path, quote=False)} does not exist")
     if separator is None:
         separator = "\t" if path.suffix.lower() == ".tsv" else ","
     if not isinstance(separator, str) or len(separator) != 1:
-        raise DataError(f"the separator of CSV {path} must be one character, got {shown(separator)}")
+        raise DataError(f"the separator of CSV {shown(path, quote=False)} must be one character, got "
+                        f"{shown(separator)}")
     return separator
 
 
@@ -56,7 +57,7 @@ def open_csv(path: Path, mode: str, **kwargs):
     try:
         return open(path, mode, **kwargs)
     except OSError as e:
-        raise DataError(f"cannot read CSV {path}: {e.strerror or e}") from None
+        raise DataError(f"cannot read CSV {shown(path, quote=False)}: {e.strerror or e}") from None
 
 
 def scan_utf8(path: Path) -> int:
@@ -69,12 +70,13 @@ def scan_utf8(path: Path) -> int:
                 decoder.decode(block)
             except UnicodeDecodeError as err:
                 line = 1 + newlines + err.object[:err.start].count(b"\n")
-                raise DataError(f"CSV {path} is not UTF-8: byte {err.object[err.start]:#04x} on line {line}") from None
+                raise DataError(f"CSV {shown(path, quote=False)} is not UTF-8: byte {err.object[err.start]:#04x} "
+                                f"on line {line}") from None
             newlines += block.count(b"\n")
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise DataError(f"CSV {path} is not UTF-8: it ends inside a multi-byte character") from None
+        raise DataError(f"CSV {shown(path, quote=False)} is not UTF-8: it ends inside a multi-byte character") from None
     return newlines
 
 
@@ -117,10 +119,10 @@ class _CsvRows:
             try:
                 fields = next(self._reader, None)
             except csv.Error as err:
-                raise DataError(f"CSV {self.path} line {line}: {self._malformed(err)}") from None
+                raise DataError(f"CSV {shown(self.path, quote=False)} line {line}: {self._malformed(err)}") from None
             except UnicodeDecodeError:
                 scan_utf8(self.path)  # names the line
-                raise DataError(f"CSV {self.path} is not UTF-8") from None
+                raise DataError(f"CSV {shown(self.path, quote=False)} is not UTF-8") from None
             if fields is None:
                 return None
             if fields:
@@ -135,13 +137,14 @@ class _CsvRows:
 
     def _require_sound(self, line: int, fields) -> None:
         if any("\0" in field for field in fields):
-            raise DataError(f"CSV {self.path} line {line}: holds a NUL byte (a binary file, or UTF-16 text? save it as "
-                            "UTF-8 text)")
+            raise DataError(f"CSV {shown(self.path, quote=False)} line {line}: holds a NUL byte (a binary file, or "
+                            "UTF-16 text? save it as UTF-8 text)")
         end = self._reader.line_num
         if end > line and any(self._holds_rows(field) for field in fields):
-            raise DataError(f"CSV {self.path} line {line}: a quoted field opened on this line runs to line {end}, "
-                            f"taking in what look like rows (lines holding the separator {shown(self.separator)}): a "
-                            'quote left unclosed? (a quote inside a quoted field is written twice: "")')
+            raise DataError(f"CSV {shown(self.path, quote=False)} line {line}: a quoted field opened on this line runs "
+                            f"to line {end}, taking in what look like rows (lines holding the separator "
+                            f"{shown(self.separator)}): a quote left unclosed? (a quote inside a quoted field is "
+                            'written twice: "")')
 
     def _holds_rows(self, field: str) -> bool:
         """Whether a field that spans lines holds a line with a whole row's separators: a quote
@@ -155,12 +158,13 @@ def require_columns(path: Path, fields, keys, separator: str, hint: str = "") ->
     """DataError naming the `keys` missing from the CSV's header `fields`."""
     missing = [key for key in keys if key not in (fields or [])]
     if missing:
-        raise DataError(f"CSV {path} lacks column(s) {missing} (has {shown(fields)}, separator {shown(separator)}){hint}")
+        raise DataError(f"CSV {shown(path, quote=False)} lacks column(s) {missing} (has {shown(fields)}, separator "
+                        f"{shown(separator)}){hint}")
 
 
 def require_rows(path: Path, rows: int) -> None:
     if not rows:
-        raise DataError(f"CSV {path} has no rows under its header")
+        raise DataError(f"CSV {shown(path, quote=False)} has no rows under its header")
 
 
 class CsvColumns:
@@ -189,7 +193,7 @@ def bad_rows_message(path: Path, count: int, total: int, first) -> str:
     """One line: `count` bad rows of `total`, the `first` (line, why) of them named."""
     named = ", ".join(f"line {line} ({why})" for line, why in first)
     more = f", and {count - len(first):,} more" if count > len(first) else ""
-    return f"CSV {path}: {count:,} of {total:,} row(s) the trainer skips and counts: {named}{more}"
+    return f"CSV {shown(path, quote=False)}: {count:,} of {total:,} row(s) the trainer skips and counts: {named}{more}"
 
 
 class CsvSource:

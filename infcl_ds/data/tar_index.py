@@ -7,7 +7,8 @@ decoded), grouping members by WebDataset key (the name up to the first dot of th
 member. The spans are cached per shard under $INFCL_DS_CACHE (default ~/.cache/infcl_ds), keyed
 by the shard's real path, size and mtime, so a restart does not rescan. A cache file is plain
 integers behind a header that lets it verify itself (cache_header); one that does not (cut, edited,
-another version's, another shard's) is rebuilt without a word: it is a cache, never an input.
+another version's, another shard's), or whose spans do not lie inside the shard (a file forged
+with a checksum to match), is rebuilt without a word: it is a cache, never an input.
 
 Reading a member is bounded by its role's limit (MAX_IMAGE_BYTES, MAX_TEXT_BYTES): a sample with
 a larger one is skipped, and its member never read.
@@ -22,6 +23,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
+from ..shown import shown
 from .errors import DataError
 from .samples import MAX_IMAGE_BYTES, MAX_TEXT_BYTES, SkipSample
 
@@ -53,7 +55,7 @@ def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
             tar.fileobj.seek(tar.offset)
             cut = cut or tar.fileobj.read(512) != bytes(512)
     except (tarfile.TarError, OSError) as e:
-        raise DataError(f"cannot index tar shard {path}: {e}") from e
+        raise DataError(f"cannot index tar shard {shown(path, quote=False)}: {shown(str(e), quote=False)}") from e
     spans = np.full((len(members), len(ROLE_EXTENSIONS), 2), -1, dtype=np.int64)
     for row, by_ext in enumerate(members.values()):
         for role, extensions in enumerate(ROLE_EXTENSIONS):
@@ -64,8 +66,9 @@ def scan_shard(path: Path) -> Tuple[np.ndarray, bool]:
 
 
 def cut_short_message(path: Path, samples: int) -> str:
-    return (f"shard {path} is cut short (it ends inside a tar member or header, or holds no end-of-archive "
-            f"block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it out")
+    return (f"shard {shown(path, quote=False)} is cut short (it ends inside a tar member or header, or holds no "
+            f"end-of-archive block): {samples} sample(s) read from it, the rest are lost; copy it again or leave it "
+            "out")
 
 
 def _cache_file(path: Path, stat: os.stat_result) -> Path:
@@ -90,8 +93,8 @@ def cache_header(stat: os.stat_result, payload: bytes) -> bytes:
 
 
 def read_cache(cache: Path, stat: os.stat_result) -> Optional[np.ndarray]:
-    """The spans cached for a shard with this stat, or None if the file is absent or does not
-    verify. Reads only a file of the size its header announces."""
+    """The spans cached for a shard with this stat, or None if the file is absent, does not
+    verify or holds a span outside the shard. Reads only a file of the size its header announces."""
     try:
         with open(cache, "rb") as f:
             header = f.read(CACHE_HEADER.size)
@@ -105,7 +108,20 @@ def read_cache(cache: Path, stat: os.stat_result) -> Optional[np.ndarray]:
         return None
     if header != cache_header(stat, payload):
         return None
-    return np.frombuffer(payload, SPAN_DTYPE).astype(np.int64).reshape(rows, len(ROLE_EXTENSIONS), 2)
+    spans = np.frombuffer(payload, SPAN_DTYPE).astype(np.int64).reshape(rows, len(ROLE_EXTENSIONS), 2)
+    return spans if spans_inside(spans, stat.st_size) else None
+
+
+def spans_inside(spans: np.ndarray, file_size: int) -> bool:
+    """Whether every span is a missing member (-1, -1) or lies inside a file of `file_size`
+    bytes, as scan_shard writes them. The checksum proves a payload whole, not honest: a span
+    past the end would be sought at read time (an OSError past the file system's largest
+    offset, or a short read)."""
+    offsets, sizes = spans[..., 0], spans[..., 1]
+    missing = (offsets == -1) & (sizes == -1)
+    # sizes <= file_size - offsets, where offsets lie in [0, file_size]: no int64 overflow
+    inside = (offsets >= 0) & (offsets <= file_size) & (sizes >= 0) & (sizes <= file_size - offsets)
+    return bool((missing | inside).all())
 
 
 def write_cache(cache: Path, stat: os.stat_result, spans: np.ndarray) -> None:
@@ -162,7 +178,7 @@ class TarIndex:
             name, limit, limit_name = ROLE_LIMITS[role]
             if spans[role, 1] > limit:
                 raise SkipSample(f"{name} member of {int(spans[role, 1]):,} bytes, over the limit of {limit:,} "
-                                 f"({limit_name}), in shard {self.shard_of(index)}")
+                                 f"({limit_name}), in shard {shown(self.shard_of(index), quote=False)}")
         with open(self.shard_of(index), "rb") as f:
             return [_read_span(f, *spans[role]) for role in roles]
 

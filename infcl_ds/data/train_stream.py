@@ -15,7 +15,7 @@ from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDat
 from .errors import DataError
 from .footprint import WORKER_PREFETCH_FACTOR, device_window_rows, host_kept_rows, kept_rows, pool_window_rows
 from .pinned import pinned_empty
-from .sampler import SettableSampler, rank_batches, start_workers, steps_per_epoch, stop_workers
+from .sampler import SettableSampler, rank_batches, require_steps, start_workers, stop_workers
 from .samples import load_or_replace
 from .sources import build_source
 from .transforms import transform_image, uint8_image_transform
@@ -74,10 +74,7 @@ class TrainData:
         self.worker_batch = min(worker_batch, local_batch)
         self._pieces_per_step = math.ceil(local_batch / self.worker_batch)
         self.num_samples = len(dataset.source)
-        self.steps_per_epoch = steps_per_epoch(self.num_samples, world_size * local_batch, drop_last)
-        if self.steps_per_epoch == 0:
-            raise DataError(f"{self.num_samples} samples do not fill one global batch of "
-                            f"{world_size} x {local_batch}")
+        self.steps_per_epoch = require_steps(self.num_samples, world_size * local_batch, drop_last)
         self.epoch, self.step, self.skipped = 0, 0, 0
         self._sampler = SettableSampler()
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collate, num_workers=workers,

@@ -9,6 +9,7 @@ from typing import List, Sequence, Union
 
 import braceexpand
 
+from ..shown import shown
 from .errors import DataError
 from .samples import (EncodedSample, Sample, decode_caption, decode_image, file_kind, parse_label,
                       require_image_bytes)
@@ -21,7 +22,7 @@ def expand_shards(spec: ShardSpec) -> List[Path]:
     """A shard spec -> existing tar files, in order. The spec is a directory (its *.tar, sorted),
     a brace pattern ("dir/shard-{000000..000009}.tar"), a glob ("dir/*.tar"), a file, or a
     list of files. Anything missing or empty, or a shard that is not a regular file (a FIFO
-    would block its reader, a device never ends), is a DataError naming it."""
+    would block its reader, a device never ends), is a DataError naming it (escaped: shown)."""
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise DataError("empty shard list")
@@ -30,12 +31,12 @@ def expand_shards(spec: ShardSpec) -> List[Path]:
     if Path(spec).is_dir():
         shards = [_existing_file(p) for p in sorted(Path(spec).glob("*.tar"))]
         if not shards:
-            raise DataError(f"no *.tar shards in directory {spec}")
+            raise DataError(f"no *.tar shards in directory {shown(spec, quote=False)}")
         return shards
     paths = [p for pattern in braceexpand.braceexpand(spec)
              for p in (sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern])]
     if not paths:
-        raise DataError(f"shard pattern {spec} matches no file")
+        raise DataError(f"shard pattern {shown(spec, quote=False)} matches no file")
     return [_existing_file(p) for p in paths]
 
 
@@ -44,19 +45,27 @@ def _existing_file(path) -> Path:
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        raise DataError(f"shard {path} does not exist (local files only: random access needs them)") from None
+        raise DataError(f"shard {shown(path, quote=False)} does not exist (local files only: random access needs "
+                        "them)") from None
     if not stat.S_ISREG(mode):
-        raise DataError(f"shard {path} is {file_kind(mode)}, not a regular file: refused")
+        raise DataError(f"shard {shown(path, quote=False)} is {file_kind(mode)}, not a regular file: refused")
     return path
+
+
+def shard_index(spec: ShardSpec) -> TarIndex:
+    """The index of the spec's shards (expand_shards); DataError if not one of them holds a
+    sample. The trainer's sources and `infcl-ds data check` both open shards here."""
+    index = TarIndex(expand_shards(spec))
+    if len(index) == 0:
+        raise DataError(f"no samples in shards {shown(spec, quote=False)}")
+    return index
 
 
 class TarSource:
     """Samples of WebDataset shards, read by index through a `TarIndex`."""
 
     def __init__(self, shards: ShardSpec):
-        self.index = TarIndex(expand_shards(shards))
-        if len(self.index) == 0:
-            raise DataError(f"no samples in shards {shards}")
+        self.index = shard_index(shards)
         # A shard cut short still trains on what it holds; `infcl-ds data check` refuses it.
         # Said once per job (every rank indexes the same shards), one line per shard.
         if os.environ.get("RANK", "0") == "0":
@@ -81,5 +90,5 @@ class TarSource:
         """DataError naming the first shard with a sample lacking a .cls/.json member."""
         missing = (self.index.spans[:, LABEL, 0] < 0).nonzero()[0]
         if len(missing):
-            raise DataError(f"shard {self.index.shard_of(int(missing[0]))} has samples without a "
+            raise DataError(f"shard {shown(self.index.shard_of(int(missing[0])), quote=False)} has samples without a "
                             ".cls or .json label member")

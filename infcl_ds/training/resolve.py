@@ -9,7 +9,7 @@ import torch
 
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
-from ..data.nvimgcodec_decode import nvimgcodec_module
+from ..data.nvimgcodec_decode import GPU_DECODERS, require_gpu_jpeg_library
 from ..plan.machine import host_memory, local_ranks, rank_cores
 from ..plan.refusal import PlanError
 from ..plan.auto_values import Choice, RankSizes, Resolution, recipe_with, resolve_autos
@@ -29,13 +29,12 @@ def check_decoder(recipe: Recipe, device: torch.device) -> None:
     data.gpu_jpeg_library=nvimgcodec where nvImageCodec is not installed (one line naming the
     extra). The same on every rank of a uniform job: called before any collective."""
     data = recipe.data
-    if data.host_batch != "encoded" or data.decoder not in ("nvjpeg", "hybrid"):
+    if data.host_batch != "encoded" or data.decoder not in GPU_DECODERS:
         return
     if device.type != "cuda":
         raise DataError(f"data.decoder={data.decoder} decodes on the GPU and this rank runs on {device.type}: "
                         "use data.decoder=pil")
-    if data.gpu_jpeg_library == "nvimgcodec":
-        nvimgcodec_module()
+    require_gpu_jpeg_library(data)
 
 
 def rank_sizes(device: torch.device) -> RankSizes:

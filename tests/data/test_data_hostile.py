@@ -19,7 +19,7 @@ from infcl_ds.data import DataError
 from infcl_ds.data.eval_split import find_zeroshot
 from infcl_ds.data.samples import MAX_TEXT_BYTES, SkipSample, load_or_replace
 from infcl_ds.data.sources import CsvSource
-from infcl_ds.data.tar_index import shard_spans
+from infcl_ds.data.tar_index import cache_header, shard_spans
 from infcl_ds.data.webdataset_source import TarSource
 
 
@@ -224,6 +224,38 @@ def test_oversized_captions_and_labels_in_a_shard_are_skipped_unread(tmp_path):
         source.load(2, with_label=True)
 
 
+def test_data_check_refuses_what_training_refuses_once_its_ranks_start(tmp_path, capsys):
+    """Each in the trainer's own words, from the check the trainer runs."""
+    from infcl_ds.data import build_eval_data
+    empty = _shard(tmp_path / "empty.tar", [])
+    with pytest.raises(DataError) as err:
+        TarSource(empty)  # the trainer's source
+    assert str(err.value) == f"no samples in shards {empty}"
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={empty}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {err.value}"
+
+    ten = _shard(tmp_path / "ten.tar", [{"png": _png(), "txt": b"a caption"}] * 10)
+    table = _csv(tmp_path, b"a.png,a caption\n" * 10)
+    too_few = "infcl-ds data check: 10 samples do not fill one global batch of 512 (batch.global): not one " \
+              "training step could run"
+    for source, train in (("webdataset", ten), ("csv", table)):
+        code, out = data_check(capsys, f"data.source={source}", f"data.train={train}", "batch.global=512",
+                               "batch.chunk=64")
+        assert code == 2 and _one_line(out.err) == too_few
+        assert data_check(capsys, f"data.source={source}", f"data.train={train}", "batch.global=10",
+                          "batch.chunk=5")[0] == 0
+
+    split = tmp_path / "test"
+    split.mkdir()
+    _shard(split / "shard.tar", [{"png": _png(), "txt": b"a zero", "cls": b"0"}, {"png": _png(), "txt": b"no label"}])
+    (split / "zeroshot.json").write_text(json.dumps({"classnames": ["zero"], "templates": ["a {}"]}))
+    with pytest.raises(DataError) as err:
+        build_eval_data(split, image_size=8, tokenizer=None)  # what the trainer and `infcl-ds eval` read
+    assert str(err.value) == f"shard {split / 'shard.tar'} has samples without a .cls or .json label member"
+    code, out = data_check(capsys, "data.source=synthetic", f"data.eval={split}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {err.value}"
+
+
 def _cache_file(tmp_path):
     (cache,) = (tmp_path / "cache" / "tar-index").iterdir()
     return cache
@@ -235,7 +267,17 @@ def _npy(array) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("damage", ["cut", "reshaped", "pickle", "empty", "other shard"])
+def _forged(path, spans, offset_shift: int, size_shift: int = 0) -> bytes:
+    """A cache file for `path` whose spans are moved, with a header and checksum to match."""
+    forged = spans.copy()
+    forged[:, :, 0] += offset_shift
+    forged[:, :, 1] += size_shift
+    payload = forged.astype("<i8").tobytes()
+    return cache_header(path.stat(), payload) + payload
+
+
+@pytest.mark.parametrize("damage", ["cut", "reshaped", "pickle", "empty", "other shard", "forged past 16 TiB",
+                                    "forged past the end", "forged overflowing"])
 def test_a_damaged_index_cache_is_rebuilt(tmp_path, damage):
     path = _shard(tmp_path / "s.tar", [{"png": _png(), "txt": f"caption {i}".encode()} for i in range(5)])
     spans, cut = shard_spans(path)
@@ -249,11 +291,59 @@ def test_a_damaged_index_cache_is_rebuilt(tmp_path, damage):
                        "reshaped": _npy(spans.reshape(-1, 2)),
                        "pickle": _npy(np.array([{"a": 1}], dtype=object)),
                        "empty": b"",
-                       "other shard": other_cache.read_bytes()}[damage])
+                       "other shard": other_cache.read_bytes(),
+                       # a read would seek past the file system's largest offset: OSError
+                       "forged past 16 TiB": _forged(path, spans, 1 << 44),
+                       "forged past the end": _forged(path, spans, 0, path.stat().st_size),
+                       "forged overflowing": _forged(path, spans, 0, (1 << 63) - 1 - int(spans[..., 1].max())),
+                       }[damage])
     again, cut = shard_spans(path)
     assert not cut and np.array_equal(again, spans)
+    assert TarSource(path).load_encoded(4).caption == "caption 4"
     assert cache.read_bytes() == whole  # rewritten, and verifies
     assert np.array_equal(shard_spans(path)[0], spans)
+
+
+# -- file names in messages ----------------------------------------------------------------
+
+# A line break and a terminal escape (red text) in a file name: a message naming the file as it
+# is would split in two, and the terminal would obey the escape.
+HOSTILE_NAME, HOSTILE_SHOWN = "a\n\x1b[31mred", "a\\n\\x1b[31mred"
+
+
+def test_hostile_shard_names_are_shown_escaped(tmp_path, capsys):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    os.mkfifo(folder / f"{HOSTILE_NAME}.tar")
+    expected = f"shard {folder}/{HOSTILE_SHOWN}.tar is a FIFO, not a regular file: refused"
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={folder}")
+    assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {expected}"
+    with pytest.raises(DataError) as err:  # the trainer's source
+        TarSource(folder)
+    assert str(err.value) == expected
+    (folder / f"{HOSTILE_NAME}.tar").unlink()
+    cut = folder / f"{HOSTILE_NAME}.tar"
+    whole = _shard(tmp_path / "whole.tar", [{"png": _png(), "txt": b"caption"}] * 3).read_bytes()
+    cut.write_bytes(whole[:4 * 512 + 100])  # sample 0 (2 members of a header and a data block) and a cut header
+    assert len(TarSource(folder)) == 1
+    warning = _one_line(capsys.readouterr().err)
+    assert warning.startswith(f"infcl-ds: warning: shard {folder}/{HOSTILE_SHOWN}.tar is cut short")
+    code, out = data_check(capsys, "data.source=webdataset", f"data.train={folder}")
+    assert code == 2 and _one_line(out.err).startswith(f"infcl-ds data check: shard {folder}/{HOSTILE_SHOWN}.tar is "
+                                                       "cut short")
+
+
+def test_hostile_csv_and_image_names_are_shown_escaped(tmp_path):
+    table = tmp_path / f"{HOSTILE_NAME}.csv"
+    table.write_text("filepath,title\n")
+    with pytest.raises(DataError) as err:
+        CsvSource(table, "filepath", "title")
+    assert str(err.value) == f"CSV {tmp_path}/{HOSTILE_SHOWN}.csv has no rows under its header"
+    os.mkfifo(tmp_path / f"{HOSTILE_NAME}.png")
+    table.write_text(f'filepath,title\n"{HOSTILE_NAME}.png",a caption\n')
+    with pytest.raises(SkipSample) as skip:
+        CsvSource(table, "filepath", "title").load_encoded(0)
+    assert str(skip.value) == f"image {tmp_path}/{HOSTILE_SHOWN}.png is a FIFO, not a regular file"
 
 
 # -- output directories ---------------------------------------------------------------------

@@ -11,6 +11,8 @@ import torch
 from PIL import Image
 
 from encoded_shards import SAMPLES, both_passes, first_batch, photo_jpeg, write_shard
+from launch_utils import data_check
+from test_first_day_errors import _one_line
 from infcl_ds.data import DataError
 from infcl_ds.data.device_decode import decode_jpegs
 
@@ -61,7 +63,7 @@ def test_the_gpu_decoders_pieces_and_replacements_equal_torchvisions(tmp_path, t
             assert torch.equal(im, im_want) and torch.equal(tx, tx_want)
 
 
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
+def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch, capsys):
     from infcl_ds.config import Recipe
     from infcl_ds.training.resolve import check_decoder
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # as if not installed
@@ -76,6 +78,13 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
                   torch.device("cuda", 0))
     check_decoder(Recipe.model_validate({"data": {"source": "webdataset", "train": "x",
                                                   "gpu_jpeg_library": "nvimgcodec"}}), torch.device("cpu"))
+    # `infcl-ds data check` refuses it before a launch, in the trainer's words; with decoder=auto
+    # too, which a GPU rank may resolve to hybrid.
+    for decoder in ("nvjpeg", "hybrid", "auto"):
+        code, out = data_check(capsys, "data.source=synthetic", f"data.decoder={decoder}",
+                               "data.gpu_jpeg_library=nvimgcodec")
+        assert code == 2 and _one_line(out.err) == f"infcl-ds data check: {err.value}"
+    assert data_check(capsys, "data.source=synthetic", "data.decoder=pil", "data.gpu_jpeg_library=nvimgcodec")[0] == 0
 
 
 def test_the_recipe_names_the_libraries():

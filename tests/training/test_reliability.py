@@ -142,7 +142,7 @@ def test_data_check_refuses_non_utf8_and_missing_columns(tmp_path, capsys):
     good = tmp_path / "good.csv"
     good.write_text("filepath,title\na.png,a cat é\n", encoding="utf-8")
     assert main(["--config", str(TINY), "--set", "data.source=csv", "--set", f"data.train={good}",
-                 "--set", "data.eval=null"]) == 0
+                 "--set", "data.eval=null", "--set", "batch.global=1", "--set", "batch.chunk=1"]) == 0
     bad = tmp_path / "bad.csv"
     bad.write_bytes(b"filepath,title\na.png,ok\nb.png,caf\xe9\n")
     assert main(["--config", str(TINY), "--set", "data.source=csv", "--set", f"data.train={bad}",
