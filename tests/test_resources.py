@@ -41,7 +41,7 @@ def test_wheel_installed_with_target_plans_from_another_directory(tmp_path):
     shutil.copy(REPO / "ds_configs" / "recipes" / "vit-b16-1m-8gpu.yaml", recipe)
     # -S: no site-packages, so neither the checkout nor an editable install can answer; the
     # dependencies come from this environment's site-packages, after the target.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DS_ACCELERATOR")}  # a plan for GPUs
     env["PYTHONPATH"] = os.pathsep.join([str(target)] + site.getsitepackages())
     where = subprocess.run([sys.executable, "-S", "-c", "import infcl_ds; print(infcl_ds.__file__)"], env=env,
                            cwd=elsewhere, capture_output=True, text=True, timeout=120, check=True)

@@ -621,6 +621,9 @@ def _check_model_name(name: str) -> None:
 def check_world(recipe: Recipe, world_size: int) -> None:
     """The batch arithmetic for a given number of ranks; raised on every rank before any collective."""
     b = recipe.batch
+    if world_size > b.global_size:
+        raise RecipeError(f"recipe: batch.global={b.global_size} is smaller than the world size {world_size}: each "
+                          "rank needs a sample")
     if b.global_size % world_size:
         raise RecipeError(f"recipe: batch.global={b.global_size} is not divisible by the world size {world_size} "
                           f"(nearest valid: {b.global_size // world_size * world_size} or "

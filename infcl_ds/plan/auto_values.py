@@ -24,7 +24,7 @@ from ..data.footprint import gpu_decode_share, has_pool, hybrid_gpu_share, image
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
 from .machine import CoreShare, split_cores
-from .overlap import tolerance_s, window_needed
+from .overlap import seconds_text, tolerance_s, window_needed
 from .refusal import PlanError
 from .timing import DEFAULT_NETWORK, Decoding, KernelRates, StepTime, decoding, step_decoders, step_shape, step_time
 
@@ -358,7 +358,7 @@ def _plan_decoder(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSi
 def _decoder_why(pil: _Candidate) -> str:
     d = pil.decoding
     return (f"{d.workers} PIL processes decode {d.available:,.0f} samples/s of the {d.needed:,.0f} a "
-            f"{pil.time.total:.1f} s step needs")
+            f"{seconds_text(pil.time.total)} step needs")
 
 
 def resolve_autos(recipe: Recipe, gpus: int, sizes: RankSizes, *, rates: Optional[KernelRates] = None,

@@ -6,32 +6,60 @@
     infcl-ds plan --scaling [--batch 4M,12M] [--dim 768]
 
 Exit status: 0 the recipe fits, 1 it does not (the verdict says why and what would), 2 it is
-refused (invalid recipe, a batch that does not split over the GPUs, an unsupported model).
+refused (invalid recipe or flag, a batch that does not split over the GPUs, an unsupported
+model, a GPU JPEG library this GPU node lacks).
 The world comes from --gpus, else from the hostfile as DeepSpeed's launcher reads it (same
 --include/--exclude/--num_nodes/--num_gpus), else from --num_gpus, else from a recipe file
 named like `*-32gpu.yaml`. GPU and host memory and the cores of a node (for
 `data.decode_workers: auto`) come from the flags, else from this node where it has a GPU
-(plan/machine.py), else are assumed; the report says which.
+(plan/machine.py), else are assumed; the report says which. With DS_ACCELERATOR=cpu the ranks
+run on their CPUs, as the trainer's do: the plan is for CPU ranks, with this node's memory and
+cores.
 """
 import argparse
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
-from ..cli_args import ArgumentParser, positive_int, positive_ints, positive_number
-from ..config import RecipeError, load_recipe
+from ..cli_args import ArgumentParser, positive_number, whole_number, whole_number_in
+from ..config import Recipe, RecipeError, load_recipe
+from ..config.recipe import MAX_SAMPLES
+from ..data import DataError
+from ..data.footprint import gpu_decode_share
+from ..data.nvimgcodec_decode import nvimgcodec_module
 from .refusal import PlanError
-from .machine import Node, read_node
+from .machine import Node, ranks_on_cpu, read_node
 from .machine import parse_size as machine_parse_size
-from .plan import DEFAULT_HOST_MEMORY, make_plan
+from .plan import DEFAULT_HOST_MEMORY, MAX_GPUS, make_plan
 from .auto_values import ASSUMED_CORES_PER_GPU
 from .report import render_plan, render_scaling
 from .timing import DEFAULT_ENCODER_TFLOPS, DEFAULT_NETWORK, NETWORKS, KernelRates, ring_scaling_table
 
 # An 80 GB H100/A100-class GPU when --gpu-memory is not given.
 ASSUMED_GPU_MEMORY = 80 << 30
+# The most CPUs Linux runs on (CONFIG_NR_CPUS's upper end): --cores beyond is no node's.
+MAX_CORES = 8192
+# --dim: the widest embedding a plan is drawn for (the shipped models' are 512 to 1024).
+MAX_DIM = 1 << 16
+
+# Rank counts: one for each rank of the job, at most the planner's MAX_GPUS.
+rank_count = whole_number_in(1, MAX_GPUS)
+
+
+def launch_count(text: str) -> int:
+    """--num_nodes, --num_gpus as DeepSpeed's launcher takes them: -1 (all of the hostfile's),
+    else 1 to MAX_GPUS."""
+    value = whole_number(text)
+    if value != -1 and not 1 <= value <= MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"must be -1 (all) or 1 to {MAX_GPUS}, got {value}")
+    return value
+
+
+def rank_counts(text: str) -> List[int]:
+    """'8,16,32' -> [8, 16, 32], each a rank_count."""
+    return [rank_count(part) for part in text.split(",")]
 
 
 def parse_size(text: str) -> int:
@@ -43,11 +71,21 @@ def parse_size(text: str) -> int:
 
 
 def parse_count(text: str) -> int:
-    """'4M' -> 4194304, '256k' -> 262144, '1000' -> 1000 (powers of two, as the benchmarks)."""
+    """'4M' -> 4194304, '256k' -> 262144, '1000' -> 1000 (powers of two, as the benchmarks);
+    a global batch, so 1 to the recipe's largest (MAX_SAMPLES)."""
     match = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (e.g. 4M, 256k, 1000)")
-    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
+    value = int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
+    if not 1 <= value <= MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"each batch must be 1 to {MAX_SAMPLES} ({MAX_SAMPLES >> 20}M), "
+                                         f"got {text.strip()!r}")
+    return value
+
+
+def parse_counts(text: str) -> List[int]:
+    """'4M,12M' -> [4194304, 12582912]."""
+    return [parse_count(part) for part in text.split(",")]
 
 
 def hostfile_world(hostfile: str, include: str, exclude: str, num_nodes: int, num_gpus: int) -> Tuple[int, int]:
@@ -88,11 +126,19 @@ class Sizes:
     host_note: str
 
 
-def memory_sizes(gpu_flag: Optional[int], host_flag: Optional[int], node: Optional[Node] = None) -> Sizes:
+def memory_sizes(gpu_flag: Optional[int], host_flag: Optional[int], node: Optional[Node] = None,
+                 on_cpu: bool = False) -> Sizes:
     """Flags first; else this node's sizes where it has a GPU (it is a training node); else
-    assumed sizes, said to be. ``node`` is read only when a flag is missing."""
-    if node is None and (gpu_flag is None or host_flag is None):
+    assumed sizes, said to be. CPU ranks (``on_cpu``): no GPU memory (0), this node's host
+    memory (its ranks run on CPUs like it). ``node`` is read only when a flag is missing."""
+    if node is None and (host_flag is None or (gpu_flag is None and not on_cpu)):
         node = read_node()
+    if on_cpu:
+        if gpu_flag is not None:
+            raise PlanError("plan: --gpu-memory: DS_ACCELERATOR=cpu runs the ranks on their CPUs, which have no GPU "
+                            "memory (unset DS_ACCELERATOR to plan for GPUs)")
+        return Sizes(0, "", *((host_flag, "") if host_flag is not None else
+                              (node.host_memory_bytes, f"read from this node's {node.host_memory_source}")))
     if gpu_flag is not None:
         gpu = (gpu_flag, "")
     elif node.has_gpus:
@@ -109,14 +155,14 @@ def memory_sizes(gpu_flag: Optional[int], host_flag: Optional[int], node: Option
     return Sizes(*gpu, *host)
 
 
-def node_cores(flag: Optional[int], node: Optional[Node] = None) -> Tuple[Optional[int], str]:
+def node_cores(flag: Optional[int], node: Optional[Node] = None, on_cpu: bool = False) -> Tuple[Optional[int], str]:
     """(usable cores per node, where they came from) as memory_sizes: the flag; else this node's
-    where it has a GPU; else None, which make_plan takes as ASSUMED_CORES_PER_GPU per GPU, said
-    to be assumed."""
+    where it has a GPU or the ranks run on CPUs (``on_cpu``); else None, which make_plan takes
+    as ASSUMED_CORES_PER_GPU per GPU, said to be assumed."""
     if flag is not None:
         return flag, ""
     node = node or read_node()
-    if node.has_gpus:
+    if node.has_gpus or on_cpu:
         return node.cores, "read from this node"
     return None, f"assumed {ASSUMED_CORES_PER_GPU} cores per GPU: this node has no GPU; pass --cores"
 
@@ -126,18 +172,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="recipe YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override, as for training (repeatable)")
-    p.add_argument("--gpus", type=positive_int, default=0, help="data-parallel ranks (default: from the hostfile)")
-    p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument("--gpus", type=rank_count, default=0,
+                   help=f"data-parallel ranks, 1 to {MAX_GPUS} (default: from the hostfile, else --num_gpus, else "
+                        "the recipe's name, e.g. *-32gpu.yaml)")
+    p.add_argument("--gpus-per-node", type=rank_count, default=8,
+                   help="ranks on each node with --gpus, and for the scaling table (default: 8; a hostfile gives "
+                        "its own)")
     p.add_argument("--gpu-memory", type=parse_size, default=None,
                    help="per GPU (default: read from this node's GPUs; without one "
                         f"{ASSUMED_GPU_MEMORY // 2**30} GiB, said to be assumed)")
     p.add_argument("--host-memory", type=parse_size, default=None,
-                   help="per node (default: read from this node where it has a GPU, its cgroup limit if lower; "
-                        "else 2TiB, said to be assumed)")
-    p.add_argument("--cores", type=positive_int, default=None,
-                   help="usable cores per node, for data.decode_workers: auto (default: read from this node where "
-                        f"it has a GPU, its affinity and CPU quota; else {ASSUMED_CORES_PER_GPU} per GPU, said to be "
-                        "assumed)")
+                   help="per node (default: read from this node where it has a GPU or DS_ACCELERATOR=cpu, its "
+                        "cgroup limit if lower; else 2TiB, said to be assumed)")
+    p.add_argument("--cores", type=whole_number_in(1, MAX_CORES), default=None,
+                   help=f"usable cores per node, 1 to {MAX_CORES}, for data.decode_workers: auto (default: read from "
+                        "this node where it has a GPU or DS_ACCELERATOR=cpu, its affinity and CPU quota; else "
+                        f"{ASSUMED_CORES_PER_GPU} per GPU, said to be assumed)")
     p.add_argument("--network", choices=list(NETWORKS), default=DEFAULT_NETWORK, help="link between nodes")
     p.add_argument("--encoder-tflops", type=positive_number, default=None,
                    help="effective encoder rate per GPU, bf16, for every model (default: the model's measured "
@@ -146,16 +196,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="a step-time budget, weighed as a third limit")
     p.add_argument("--rates", default=None, help="loss.json of `infcl-ds bench loss` (default: docs/benchmarks)")
     launcher = p.add_argument_group("the launch (as DeepSpeed's launcher reads it)")
-    launcher.add_argument("--hostfile")
-    launcher.add_argument("--include", default="")
-    launcher.add_argument("--exclude", default="")
-    launcher.add_argument("--num_nodes", type=int, default=-1)
-    launcher.add_argument("--num_gpus", type=int, default=-1)
+    launcher.add_argument("--hostfile", help="DeepSpeed hostfile: one 'host slots=N' line per node")
+    launcher.add_argument("--include", default="",
+                          help="hosts and slots of the hostfile to use, e.g. 'node1@node2:0,1'")
+    launcher.add_argument("--exclude", default="", help="hosts and slots of the hostfile to leave out")
+    launcher.add_argument("--num_nodes", type=launch_count, default=-1,
+                          help="the first N nodes of the hostfile (default -1: all)")
+    launcher.add_argument("--num_gpus", type=launch_count, default=-1,
+                          help="ranks per node of the hostfile; without one, the ranks (default -1: all slots)")
     scaling = p.add_argument_group("ring scaling table (docs/planner.md)")
     scaling.add_argument("--scaling", action="store_true", help="print the table instead of a plan")
-    scaling.add_argument("--batch", default="4M,12M", help="global batches, comma-separated")
-    scaling.add_argument("--dim", type=positive_int, default=768)
-    scaling.add_argument("--ranks", type=positive_ints, default="8,16,32,64,128,256,512,1024")
+    scaling.add_argument("--batch", type=parse_counts, default="4M,12M",
+                         help="global batches, comma-separated (e.g. 4M,12M, 256k)")
+    scaling.add_argument("--dim", type=whole_number_in(1, MAX_DIM), default=768,
+                         help=f"embedding dimension D, 1 to {MAX_DIM} (default 768: ViT-L-14's)")
+    scaling.add_argument("--ranks", type=rank_counts, default="8,16,32,64,128,256,512,1024",
+                         help=f"rank counts, comma-separated, each 1 to {MAX_GPUS}")
     return p
 
 
@@ -173,25 +229,50 @@ def main(argv=None) -> int:
     try:
         rates = _rates(args.rates)
         if args.scaling:
-            rows = ring_scaling_table([parse_count(b) for b in args.batch.split(",")], args.dim,
-                                      args.ranks, args.gpus_per_node, rates=rates)
+            if max(args.ranks) > min(args.batch):
+                raise PlanError(f"plan: --ranks {max(args.ranks)} is more than --batch {min(args.batch)}: each rank "
+                                "needs a sample")
+            rows = ring_scaling_table(args.batch, args.dim, args.ranks, args.gpus_per_node, rates=rates)
             print(render_scaling(rows, rates, args.dim))
             return 0
         if not args.config:
             raise PlanError("plan: --config RECIPE is required (or --scaling)")
         recipe = load_recipe(args.config, args.overrides)
         gpus, per_node = _world(args)
+        on_cpu = ranks_on_cpu()
+        if on_cpu and args.encoder_tflops is not None:
+            raise PlanError("plan: --encoder-tflops: the step time of CPU ranks (DS_ACCELERATOR=cpu) is not modelled")
         node = read_node() if None in (args.gpu_memory, args.host_memory, args.cores) else None
-        sizes = memory_sizes(args.gpu_memory, args.host_memory, node)
-        cores, cores_note = node_cores(args.cores, node)
+        sizes = memory_sizes(args.gpu_memory, args.host_memory, node, on_cpu)
+        cores, cores_note = node_cores(args.cores, node, on_cpu)
         plan = make_plan(recipe, gpus, sizes.gpu_bytes, per_node or args.gpus_per_node, sizes.host_bytes,
                          cores=cores, encoder_tflops=args.encoder_tflops, network=args.network,
                          max_step_s=args.max_step_time, rates=rates)
+        missing = missing_gpu_jpeg_library(plan.recipe)
+        if missing and (node or read_node()).has_gpus:  # this node trains: its ranks would refuse to start
+            raise PlanError(f"plan: {missing}")
     except (RecipeError, PlanError) as err:
         print(f"refused: {err}", file=sys.stderr)
         return 2
-    print(render_plan(plan, gpu_memory_note=sizes.gpu_note, host_memory_note=sizes.host_note, cores_note=cores_note))
+    # A node without a GPU plans for others: they need the library, this one does not.
+    notes = [f"{missing}; on this node, which plans for GPU nodes: they need it"] if missing else []
+    print(render_plan(plan, gpu_memory_note=sizes.gpu_note, host_memory_note=sizes.host_note, cores_note=cores_note,
+                      notes=notes))
     return 0 if plan.fits else 1
+
+
+def missing_gpu_jpeg_library(recipe: Recipe) -> str:
+    """Where the GPU decodes JPEGs through nvImageCodec (data.gpu_jpeg_library=nvimgcodec, the
+    decoder resolved) and it cannot be imported here: the data path's own line naming the extra
+    that installs it (data/nvimgcodec_decode.py); else ""."""
+    data = recipe.data
+    if data.gpu_jpeg_library != "nvimgcodec" or not gpu_decode_share(data):
+        return ""
+    try:
+        nvimgcodec_module()
+    except DataError as err:
+        return str(err)
+    return ""
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ share (`rank_cores`, for `data.decode_workers: auto`).
 
 `launch/train.sh` runs the planner on the node that then trains (one node, or the first of a
 hostfile's), so what this node has is what a rank there will have; a node without a CUDA GPU (a
-login node, a CPU machine) says nothing about the training nodes, and the planner assumes sizes
-there instead, saying so. Flags (`--gpu-memory`, `--host-memory`, `--cores`) always win.
+login node) says nothing about the training nodes, and the planner assumes sizes there instead,
+saying so. With DS_ACCELERATOR=cpu the ranks run on CPUs like this node's (`ranks_on_cpu`): its
+memory and cores are theirs. Flags (`--gpu-memory`, `--host-memory`, `--cores`) always win.
 """
 import os
 import re
@@ -22,6 +23,17 @@ _CGROUP_QUOTAS = ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us
 # srun (launch/slurm.sbatch passes --ntasks-per-node).
 _LOCAL_RANKS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                 "SLURM_NTASKS_PER_NODE")
+
+
+# The accelerator DeepSpeed and the trainer (training/distributed.py) use on every rank of a
+# launch; the launchers forward it to every node. `cpu`: the ranks run on their CPUs over gloo,
+# whatever GPUs their nodes have.
+ACCELERATOR_ENV = "DS_ACCELERATOR"
+
+
+def ranks_on_cpu() -> bool:
+    """Whether the ranks this process plans or launches will run on their CPUs (DS_ACCELERATOR=cpu)."""
+    return os.environ.get(ACCELERATOR_ENV) == "cpu"  # as the trainer compares it
 
 
 @dataclass(frozen=True)

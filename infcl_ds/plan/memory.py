@@ -189,6 +189,8 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
 
 INPUTS, DECODING, OFFLOADED, PROCESSES = ("input batches", "decoded rows in the decode pool",
                                           "offloaded features + gradients", "process reserve")
+# CPU ranks: what a GPU would hold (GpuMemory.allocated_peak) is in host memory.
+RANK_TENSORS = "the ranks' tensors (no GPU)"
 
 
 def host_memory(model: ModelEstimate, recipe: Recipe, world: int, gpus_per_node: int,

@@ -240,5 +240,17 @@ def describe_wait(item: Optional[Overlap]) -> str:
 
 
 def seconds_text(seconds: float) -> str:
-    """1.234 -> '1.2 s', 0.0421 -> '42 ms'."""
-    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:,.1f} s"
+    """A time as the planner prints it, in the largest unit (s, ms, us, ns) it reaches, never
+    rounded to a bare zero: 1.234 -> '1.2 s', 0.0421 -> '42 ms', 0.00421 -> '4.2 ms',
+    0.0000123 -> '12 us', 0 -> '0 s'."""
+    if seconds >= 0.9995:  # what would read '1000 ms'
+        return f"{seconds:,.1f} s"
+    if seconds <= 0:
+        return "0 s"
+    for unit, scale in (("ms", 1e3), ("us", 1e6), ("ns", 1e9)):
+        value = seconds * scale
+        if value >= 0.9995 or unit == "ns":
+            break
+    if value < 1:
+        return "under 1 ns"
+    return f"{value:.0f} {unit}" if value >= 9.95 else f"{value:.2g} {unit}"

@@ -5,6 +5,10 @@ time. Each gets a growth factor: how many times the global batch could grow on t
 before that limit is reached (below 1: it is exceeded already). The binding limit is the one
 with the smallest factor. A recipe that exceeds a limit gets a verdict naming the biggest
 component and the remedies that would make it fit, each checked by planning it.
+
+CPU ranks (a GPU memory of 0, as plan/auto_values.py's RankSizes) hold what a GPU would in
+host memory: there the one limit is host memory per node, and the step time is not modelled
+(the encoder, loss and link rates are measured on GPUs).
 """
 import dataclasses
 import functools
@@ -26,7 +30,7 @@ from .timing import (DEFAULT_NETWORK, NETWORKS, Decoding, KernelRates, StepTime,
 # A DGX H100/H200-class node has 2 TB; the planner says when it assumed this.
 DEFAULT_HOST_MEMORY = 2 << 40
 GPU_LIMIT, HOST_LIMIT, TIME_LIMIT = "GPU memory", "host memory per node", "step time"
-# The most GPUs a remedy may propose.
+# The most ranks a plan is made for (the command's rank counts) and a remedy may propose.
 MAX_GPUS = 16384
 
 # How a verdict names a GPU component (FEATURES and FEATURE_GRADS count together).
@@ -77,6 +81,15 @@ class Plan:
     unbinding: Tuple[str, ...] = ()        # where the engine waits for decoded rows: what would shorten it
 
     @property
+    def on_cpu(self) -> bool:
+        """CPU ranks: no GPU memory (RankSizes' convention; the trainer's DS_ACCELERATOR=cpu)."""
+        return self.gpu_memory_bytes == 0
+
+    def ranks_text(self, n: Optional[int] = None) -> str:
+        """'32 GPUs', or '2 CPU ranks' on CPU ranks (n: the plan's own count)."""
+        return ranks_text(self.gpus if n is None else n, self.on_cpu)
+
+    @property
     def components(self) -> Dict[str, int]:
         """Bytes per GPU by component."""
         return dict(self.gpu.components)
@@ -114,6 +127,11 @@ class Plan:
         return next(limit for limit in self.limits if limit.name == name)
 
 
+def ranks_text(n: int, on_cpu: bool) -> str:
+    """'1 GPU', '32 GPUs', '2 CPU ranks'."""
+    return f"{n} {'CPU rank' if on_cpu else 'GPU'}{'' if n == 1 else 's'}"
+
+
 def _growth(capacity: float, fixed: float, scaling: float) -> float:
     """k such that fixed + k * scaling = capacity."""
     if scaling <= 0:
@@ -121,13 +139,16 @@ def _growth(capacity: float, fixed: float, scaling: float) -> float:
     return (capacity - fixed) / scaling
 
 
+# What a GPU holds that grows with the local batch.
+_GROWS_WITH_BATCH = frozenset({mem.FEATURES, mem.FEATURE_GRADS, mem.LOSS_BUFFERS})
+
+
 def _gpu_limit(gpu: mem.GpuMemory, capacity: int) -> Limit:
     """Features, their gradients and the loss's buffers grow with the local batch; the rest
     (activations of one chunk included) does not."""
-    scaling = {mem.FEATURES, mem.FEATURE_GRADS, mem.LOSS_BUFFERS}
     growth = math.inf
     for phase, names in gpu.phases.items():
-        grows = sum(gpu.components[n] for n in names if n in scaling)
+        grows = sum(gpu.components[n] for n in names if n in _GROWS_WITH_BATCH)
         growth = min(growth, _growth(capacity, gpu.phase_bytes(phase) - grows, grows))
     return Limit(GPU_LIMIT, gpu.peak, capacity, growth)
 
@@ -143,8 +164,8 @@ def _time_growth(time: StepTime, budget: float) -> float:
 def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int, host_memory_bytes: int,
            rates: KernelRates, *, encoder_tflops: Optional[float], network: str, max_step_s: Optional[float],
            model: Optional[ModelEstimate] = None) -> Plan:
-    """The plan's numbers, without a verdict. Raises RecipeError if the batch does not split
-    over ``gpus``."""
+    """The plan's numbers, without a verdict (``gpu_memory_bytes`` 0: CPU ranks). Raises
+    RecipeError if the batch does not split over ``gpus``."""
     check_world(recipe, gpus)
     model = model or estimate(recipe.model.name)
     local = recipe.local_batch(gpus)
@@ -154,9 +175,14 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
     # The decode pool's pieces and the processes' reserve do not grow with the batch.
     host_grows = host[mem.INPUTS] + host[mem.OFFLOADED]
-    limits = [_gpu_limit(gpu, gpu_memory_bytes),
-              Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,
-                    _growth(host_memory_bytes, sum(host.values()) - host_grows, host_grows))]
+    on_cpu = gpu_memory_bytes == 0
+    if on_cpu:  # a CPU rank's tensors are host memory; no CUDA runtime beside them
+        ranks = min(gpus, gpus_per_node)
+        host[mem.RANK_TENSORS] = ranks * gpu.allocated_peak
+        host_grows += ranks * sum(gpu.components[n] for n in gpu.phases[gpu.peak_phase] if n in _GROWS_WITH_BATCH)
+    host_limit = Limit(HOST_LIMIT, sum(host.values()), host_memory_bytes,
+                       _growth(host_memory_bytes, sum(host.values()) - host_grows, host_grows))
+    limits = [host_limit] if on_cpu else [_gpu_limit(gpu, gpu_memory_bytes), host_limit]
     if max_step_s is not None:
         limits.append(Limit(TIME_LIMIT, time.total, max_step_s, _time_growth(time, max_step_s)))
     return Plan(recipe=recipe, model=model, gpus=gpus, gpus_per_node=gpus_per_node, local_batch=local,
@@ -164,21 +190,25 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
                 time=time, limits=tuple(limits), image_bytes=image_bytes, image_bytes_source=image_bytes_source,
                 decoding=(decoding(recipe, local, time, kept_pixel_rows(recipe.data, local, model.image_size,
                                                                         recipe.batch.chunk), model.image_size)
-                          if recipe.data.host_batch == "encoded" else None))
+                          if recipe.data.host_batch == "encoded" and not on_cpu else None))
 
 
 def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
               host_memory_bytes: Optional[int] = None, *, cores: Optional[int] = None,
               encoder_tflops: Optional[float] = None, network: str = DEFAULT_NETWORK,
               max_step_s: Optional[float] = None, rates: Optional[KernelRates] = None) -> Plan:
-    """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each, ``gpus_per_node`` per node
-    with ``host_memory_bytes`` of host memory and ``cores`` usable cores each (defaults:
-    DEFAULT_HOST_MEMORY and ASSUMED_CORES_PER_GPU per GPU, marked as assumed);
-    ``encoder_tflops`` as timing.encoder_times. Raises RecipeError when the batch does not split
-    over the GPUs and PlanError when the model cannot be estimated; a recipe that does not fit
-    gets ``fits == False`` and a verdict that says why and what would fix it."""
+    """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_bytes`` each (0: CPU ranks, as the
+    trainer's DS_ACCELERATOR=cpu), ``gpus_per_node`` per node with ``host_memory_bytes`` of host
+    memory and ``cores`` usable cores each (defaults: DEFAULT_HOST_MEMORY and
+    ASSUMED_CORES_PER_GPU per GPU, marked as assumed); ``encoder_tflops`` as
+    timing.encoder_times. Raises RecipeError when the batch does not split over the GPUs and
+    PlanError when the model cannot be estimated, or CPU ranks are asked for what only a GPU
+    has (its decoder, a step-time budget); a recipe that does not fit gets ``fits == False``
+    and a verdict that says why and what would fix it."""
     if network not in NETWORKS:
         raise PlanError(f"plan: network must be one of {list(NETWORKS)}, got {network!r}")
+    if gpu_memory_bytes == 0:
+        _check_cpu_ranks(recipe, max_step_s)
     rates = rates or KernelRates.load()
     assumed = host_memory_bytes is None
     host_memory_bytes = DEFAULT_HOST_MEMORY if assumed else host_memory_bytes
@@ -194,6 +224,9 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
     plan = dataclasses.replace(probe(recipe, gpus, model=model), host_memory_assumed=assumed,
                                choices=resolution.choices, cores_assumed=cores is None)
     plan = dataclasses.replace(plan, unbinding=unbinding(plan, rates, network, encoder_tflops))
+    if plan.fits and plan.on_cpu:
+        return dataclasses.replace(plan, verdict=f"fits: {mem.gib(plan.host_bytes)} GiB of "
+                                                 f"{mem.gib(host_memory_bytes)} GiB of host memory per node")
     if plan.fits:
         advice = ()
         if not compile_supported(recipe.zero.stage) and recipe.zero.base_config is None:
@@ -213,10 +246,23 @@ def make_plan(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: i
             return False
 
     culprit, problem = _problem(plan)
-    remedies = _remedies(recipe, gpus, gpus_per_node, culprit, fits)
-    fix = " or ".join(remedies[:2]) or ("no single change of GPUs, chunk, checkpointing, ZeRO stage, offload, "
-                                        "workers or kept decoded chunks fits")
+    remedies = _remedies(recipe, gpus, gpus_per_node, culprit, fits, plan.on_cpu)
+    tried = ("ranks, chunk, checkpointing, ZeRO stage" if plan.on_cpu else
+             "GPUs, chunk, checkpointing, ZeRO stage, offload")
+    fix = " or ".join(remedies[:2]) or f"no single change of {tried}, workers or kept decoded chunks fits"
     return dataclasses.replace(plan, verdict=f"does not fit: {problem}; {fix}", remedies=tuple(remedies))
+
+
+def _check_cpu_ranks(recipe: Recipe, max_step_s: Optional[float]) -> None:
+    """What CPU ranks cannot do, refused as the trainer refuses it (training/resolve.py:
+    check_decoder) and before planning: decode on a GPU, or be held to a step time the planner
+    cannot model without GPU rates."""
+    data = recipe.data
+    if data.host_batch == "encoded" and data.decoder in ("nvjpeg", "hybrid"):
+        raise PlanError(f"plan: data.decoder={data.decoder} decodes on the GPU and DS_ACCELERATOR=cpu runs the ranks "
+                        "on their CPUs: use data.decoder=pil")
+    if max_step_s is not None:
+        raise PlanError("plan: --max-step-time: the step time of CPU ranks (DS_ACCELERATOR=cpu) is not modelled")
 
 
 # More decode processes per rank than this is no advice: a node has a few dozen cores per GPU.
@@ -278,12 +324,16 @@ def _wait_text(seconds: float) -> str:
 def _problem(plan: Plan) -> Tuple[str, str]:
     """(culprit, description) of the most exceeded limit."""
     limit = plan.limit(plan.binding)
+    if limit.name == HOST_LIMIT and plan.on_cpu:  # the ranks' tensors are host memory: name the largest part
+        part = max(plan.host, key=plan.host.get)
+        return HOST_LIMIT, (f"host memory per node needs {mem.gib(limit.used)} GiB of {mem.gib(limit.capacity)} GiB "
+                            f"({mem.gib(plan.host[part])} GiB of it {part})")
     if limit.name == HOST_LIMIT:
         inputs = plan.host[mem.INPUTS]
         return HOST_LIMIT, (f"host memory per node needs {mem.gib(limit.used)} GiB of {mem.gib(limit.capacity)} GiB "
                             f"({mem.gib(inputs)} GiB of input batches)")
     if limit.name == TIME_LIMIT:
-        return TIME_LIMIT, f"a step takes {limit.used:.0f} s, over the {limit.capacity:g} s budget"
+        return TIME_LIMIT, f"a step takes {seconds_text(limit.used)}, over the {seconds_text(limit.capacity)} budget"
     gpu = plan.gpu
     activations = gpu.components[mem.ACTIVATIONS]
     if activations >= plan.gpu_memory_bytes:
@@ -307,8 +357,9 @@ def _largest_below(value: int, fits: Callable[[int], bool]) -> Optional[int]:
 
 
 def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
-              fits: Callable[[Recipe, int], bool]) -> List[str]:
-    """Single changes that make the recipe fit, those relevant to the culprit first."""
+              fits: Callable[[Recipe, int], bool], on_cpu: bool = False) -> List[str]:
+    """Single changes that make the recipe fit, those relevant to the culprit first (on CPU
+    ranks, none that moves features between a GPU and the host)."""
     def first(section: str, key: str, values: Iterable) -> Optional[str]:
         """`set section.key=value` for the first of ``values``, other than the recipe's, that fits."""
         current = getattr(getattr(recipe, section), key)
@@ -321,7 +372,7 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
         step = gpus_per_node if gpus >= gpus_per_node else 1
         for n in range((gpus // step + 1) * step, MAX_GPUS + 1, step):
             if recipe.batch.global_size % n == 0 and fits(recipe, n):
-                return f"use {n} GPUs"
+                return f"use {ranks_text(n, on_cpu)}"
 
     def chunk():
         best = _largest_below(recipe.batch.chunk, lambda c: fits(recipe_with(recipe, "batch", chunk=c), gpus))
@@ -343,6 +394,8 @@ def _remedies(recipe: Recipe, gpus: int, gpus_per_node: int, culprit: str,
                   "zero": lambda: first("zero", "stage", range(zero.stage + 1, 4) if zero.base_config is None else ()),
                   "chunk": chunk, "checkpointing": lambda: first("model", "grad_checkpointing", (True,)),
                   "workers": lambda: first("data", "workers", range(recipe.data.workers - 1, -1, -1))}
-    relevant = _RELEVANT.get(culprit, ())
-    order = list(relevant) + [key for key in candidates if key not in relevant]
+    if on_cpu:
+        del candidates["offload"], candidates["no-offload"]
+    relevant = [key for key in _RELEVANT.get(culprit, ()) if key in candidates]
+    order = relevant + [key for key in candidates if key not in relevant]
     return [text for text in (candidates[key]() for key in order) if text]

@@ -1,4 +1,6 @@
-"""The plan and the ring scaling table as text (what `infcl-ds plan` prints)."""
+"""The plan and the ring scaling table as text (what `infcl-ds plan` prints). A plan for CPU
+ranks (Plan.on_cpu) speaks of ranks, their cores and host memory: nothing of GPUs they do not
+have, nor of a step time the planner cannot model without GPU rates."""
 from typing import List, Sequence
 
 from ..data.footprint import NVJPEG_RATE_PER_GPU, input_samples_held, sample_host_bytes
@@ -21,27 +23,44 @@ def count(n: int) -> str:
 def _header(plan: Plan) -> str:
     r, m = plan.recipe, plan.model
     nodes = -(-plan.gpus // plan.gpus_per_node)
+    layout = f"{nodes} node{'s' if nodes > 1 else ''} x {min(plan.gpus, plan.gpus_per_node)}"
+    if plan.on_cpu:
+        layout += f"; DS_ACCELERATOR=cpu: {'over gloo' if plan.gpus > 1 else 'one process'}"
+        features = "in host memory"
+    else:
+        features = "offloaded to host" if r.batch.offload_features else "on the GPU"
     return (f"plan: {m.name} ({m.params / 1e6:.1f}M parameters, D={m.embed_dim}), {r.precision.dtype}, "
-            f"ZeRO-{r.zero.stage}, {plan.gpus} GPUs ({nodes} node{'s' if nodes > 1 else ''} x "
-            f"{min(plan.gpus, plan.gpus_per_node)})\n"
-            f"batch: global {r.batch.global_size:,} = {plan.local_batch:,} per GPU, chunk {r.batch.chunk}, "
-            f"activation checkpointing {'on' if r.model.grad_checkpointing else 'off'}, cached features "
-            f"{'offloaded to host' if r.batch.offload_features else 'on the GPU'}")
+            f"ZeRO-{r.zero.stage}, {plan.ranks_text()} ({layout})\n"
+            f"batch: global {r.batch.global_size:,} = {plan.local_batch:,} per {'rank' if plan.on_cpu else 'GPU'}, "
+            f"chunk {r.batch.chunk}, activation checkpointing {'on' if r.model.grad_checkpointing else 'off'}, "
+            f"cached features {features}")
+
+
+# What a CPU rank does not hold: the CUDA runtime, the GPU decoder's window.
+_GPU_ONLY = (mem.RUNTIME, mem.DEVICE_WINDOW)
 
 
 def _gpu_table(plan: Plan) -> List[str]:
+    """Memory per GPU by component and phase; on CPU ranks the same tensors, held in host memory."""
     gpu = plan.gpu
     phases = list(gpu.phases)
-    width = max(28, *(len(name) for name in gpu.components))
-    lines = [f"{'per-GPU memory (GiB)':<{width + 2}}" + "".join(f"{p:>14}" for p in phases)]
-    for name, nbytes in gpu.components.items():
-        cells = "".join(f"{mem.gib(nbytes) if name in gpu.phases[p] else '-':>14}" for p in phases)
+    shown = [name for name in gpu.components if not (plan.on_cpu and name in _GPU_ONLY)]
+    width = max(28, *(len(name) for name in shown))
+    title = "per-rank tensors, in host memory (GiB)" if plan.on_cpu else "per-GPU memory (GiB)"
+    lines = [f"{title:<{width + 2}}" + "".join(f"{p:>14}" for p in phases)]
+    for name in shown:
+        cells = "".join(f"{mem.gib(gpu.components[name]) if name in gpu.phases[p] else '-':>14}" for p in phases)
         lines.append(f"  {name:<{width}}{cells}")
-    lines.append(f"  {'total':<{width}}" + "".join(f"{mem.gib(gpu.phase_bytes(p)):>14}" for p in phases))
+    totals = [sum(gpu.components[n] for n in gpu.phases[p] if n in shown) for p in phases]
+    lines.append(f"  {'total':<{width}}" + "".join(f"{mem.gib(total):>14}" for total in totals))
     factor, measured = activation_calibration(plan.model.name, plan.recipe.model.grad_checkpointing)
     calibration = (f"x{factor:.4f} fitted to {CALIBRATION_SOURCE}" if measured else
                    f"x{factor:.4f}, ViT-B-16's factor, transferred (checked within 4% on ViT-L-14 chunk 128, "
                    "ViT-B-16 with checkpointing and ZeRO-3: docs/planner.md)")
+    if plan.on_cpu:
+        lines.append(f"peak: {gpu.peak_phase}; {gpu.allocated_peak / 2**20:,.0f} MiB a rank, counted in the host "
+                     f"memory below; activations: counted {calibration}")
+        return lines
     lines.append(f"peak: {gpu.peak_phase}; allocated through torch {gpu.allocated_peak / 2**20:,.0f} MiB (what "
                  f"torch.cuda.max_memory_allocated reads) + runtime reserve {mem.gib(gpu.components[mem.RUNTIME])} "
                  f"GiB (measured on H200 with expandable segments); activations: counted {calibration}")
@@ -54,8 +73,8 @@ def _auto_line(plan: Plan, cores_note: str = "") -> str:
     from ("" where the recipe leaves nothing auto)."""
     if not plan.choices:
         return ""
-    note = cores_note or (f"assumed {ASSUMED_CORES_PER_GPU} cores per GPU; pass --cores" if plan.cores_assumed
-                          else "")
+    note = cores_note or (f"assumed {ASSUMED_CORES_PER_GPU} cores per {'rank' if plan.on_cpu else 'GPU'}; pass "
+                          "--cores" if plan.cores_assumed else "")
     texts = [f"{c.key}={c.value} ({c.why}; {note})" if c.key == "data.decode_workers" and note else c.text()
              for c in plan.choices]
     return f"\n  auto: {'; '.join(texts)}"
@@ -119,11 +138,15 @@ def _host_line(plan: Plan, host_memory_note: str = "", cores_note: str = "") -> 
 
 
 def _time_lines(plan: Plan) -> List[str]:
+    if plan.on_cpu:
+        return ["step time: not modelled on CPU ranks (the planner's encoder, loss and link rates are measured on "
+                "GPUs); data loading is not modelled either"]
     t, m = plan.time, plan.model
     passes = t.encoder_flops / m.forward_flops()
     recompute = " + recomputed forward" if plan.recipe.model.grad_checkpointing else ""
-    step = (f"step time: {t.total:.1f} s = encode {t.encode:.1f} s (no-grad forward) + loss {t.loss:.1f} s + "
-            f"re-encode {t.reencode:.1f} s (forward + backward{recompute}); optimizer step not modelled")
+    step = (f"step time: {seconds_text(t.total)} = encode {seconds_text(t.encode)} (no-grad forward) + loss "
+            f"{seconds_text(t.loss)} + re-encode {seconds_text(t.reencode)} (forward + backward{recompute}); "
+            "optimizer step not modelled")
     lines = [step,
              f"  encoders: {passes:.0f} passes x {m.forward_flops() / 1e9:.1f} GFLOP x {plan.local_batch:,} samples at "
              f"{t.encoder_rate / 1e12:.0f} TFLOP/s per GPU: {t.encoder_source}",
@@ -135,9 +158,10 @@ def _time_lines(plan: Plan) -> List[str]:
                      f"per node) to keep up; data loading is not modelled")
     if t.hop is not None:
         hop = t.hop
-        state = "hidden" if hop.hidden else f"exposed: +{plan.gpus * (hop.time - hop.compute):.1f} s"
-        lines.append(f"ring hop: compute {hop.compute * 1e3:.1f} ms (forward {hop.compute_fwd * 1e3:.1f}, backward "
-                     f"{hop.compute_bwd * 1e3:.1f}) vs transfer {hop.comm * 1e3:.1f} ms over {hop.link}: {state}")
+        state = "hidden" if hop.hidden else f"exposed: +{seconds_text(plan.gpus * (hop.time - hop.compute))}"
+        lines.append(f"ring hop: compute {seconds_text(hop.compute)} (forward {seconds_text(hop.compute_fwd)}, "
+                     f"backward {seconds_text(hop.compute_bwd)}) vs transfer {seconds_text(hop.comm)} over "
+                     f"{hop.link}: {state}")
         if not hop.hidden:
             most = plan.recipe.batch.global_size // t.hiding_block
             reach = f": at most {most} GPUs for this batch" if most >= 2 else ""
@@ -153,14 +177,16 @@ def _growth_text(growth: float) -> str:
 
 
 def _limit_lines(plan: Plan) -> List[str]:
-    lines = [f"limits (how many times the global batch could grow on {plan.gpus} GPUs):"]
+    lines = [f"limits (how many times the global batch could grow on {plan.ranks_text()}):"]
     for limit in plan.limits:
         if limit.name in (GPU_LIMIT, HOST_LIMIT):
             used = f"{mem.gib(limit.used)} of {mem.gib(limit.capacity)} GiB"
         else:
-            used = f"{limit.used:.0f} of {limit.capacity:g} s"
+            used = f"{seconds_text(limit.used)} of {seconds_text(limit.capacity)}"
         lines.append(f"  {limit.name:<22}{used:>24}   {_growth_text(limit.growth)}")
     binding = plan.limit(plan.binding)
+    if plan.on_cpu:
+        return lines + [f"binding limit: {binding.name} ({_growth_text(binding.growth)})"]
     share = plan.time.encoders / plan.time.total
     waits = (f", {seconds_text(plan.decoding.wait_s)} of it waiting for decoded rows"
              if plan.decoding is not None and plan.decoding.binds else "")
@@ -169,16 +195,19 @@ def _limit_lines(plan: Plan) -> List[str]:
     return lines
 
 
-def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "", cores_note: str = "") -> str:
-    """The full report; the verdict comes second to last and `peak per GPU: X GiB` last. Where
-    the GPU and host sizes and the node's cores came from (read off this node, or assumed) is
-    said beside them when the caller gives a note: in the verdict for the GPUs, on the host line
-    for the host, on the data.decode_workers line for the cores."""
+def render_plan(plan: Plan, gpu_memory_note: str = "", host_memory_note: str = "", cores_note: str = "",
+                notes: Sequence[str] = ()) -> str:
+    """The full report; the verdict comes second to last and `peak per GPU: X GiB` (CPU ranks:
+    `peak per rank: X GiB, in host memory`) last. Where the GPU and host sizes and the node's
+    cores came from (read off this node, or assumed) is said beside them when the caller gives a
+    note: in the verdict for the GPUs, on the host line for the host, on the data.decode_workers
+    line for the cores. ``notes`` (what this node lacks) come just before the verdict."""
     lines = [_header(plan), ""] + _gpu_table(plan) + ["", _host_line(plan, host_memory_note, cores_note), ""]
     lines += _time_lines(plan)
-    lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice]
-    lines += [plan.verdict + (f" ({gpu_memory_note})" if gpu_memory_note else ""),
-              f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB"]
+    lines += [""] + _limit_lines(plan) + [f"advice: {line}" for line in plan.advice] + [f"note: {n}" for n in notes]
+    peak = (f"peak per rank: {mem.gib(plan.gpu.allocated_peak)} GiB, in host memory" if plan.on_cpu else
+            f"peak per GPU: {mem.gib(plan.peak_gpu_bytes)} GiB")
+    lines += [plan.verdict + (f" ({gpu_memory_note})" if gpu_memory_note else ""), peak]
     return "\n".join(lines)
 
 

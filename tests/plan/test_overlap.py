@@ -90,3 +90,14 @@ def test_rows_kept_in_the_pools_window_are_decoded_once_and_held_until_the_grad_
     assert needed > 512 + 32 and steady_wait(kept_too, [Decoder(300.0, needed)]) <= tolerance_s(kept_too)
     # decoding each row once where twice would bind: 1,536 rows at 300/s is 5.12 s for 4 s of compute
     assert overlap(step, [Decoder(300.0, 4096)]).rate_binds and not overlap(kept_too, [Decoder(300.0, 4096)]).rate_binds
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (14.08, "14.1 s"), (1234.5, "1,234.5 s"), (0.9996, "1.0 s"), (0.0421, "42 ms"), (0.00421, "4.2 ms"),
+    (0.00996, "10 ms"), (5.9e-5, "59 us"), (8.83e-7, "883 ns"), (3.3e-9, "3.3 ns"), (1e-12, "under 1 ns"),
+    (0.0, "0 s"),
+])
+def test_times_are_printed_in_the_unit_they_reach_never_a_bare_zero(seconds, text):
+    """What the planner's report says of a step ("108 ms instead of 59 us", not "0 s instead of 0 s")."""
+    from infcl_ds.plan.overlap import seconds_text
+    assert seconds_text(seconds) == text

@@ -134,19 +134,42 @@ def test_a_fitting_zero3_recipe_is_told_when_zero2_fits_too(capsys):
 @pytest.mark.parametrize("args, named", [
     (["--encoder-tflops", "0"], "--encoder-tflops: must be a finite number above 0, got '0'"),
     (["--encoder-tflops", "nan"], "--encoder-tflops: must be a finite number above 0, got 'nan'"),
-    (["--gpus", "-2"], "--gpus: must be at least 1, got -2"),
-    (["--scaling", "--ranks", "0"], "--ranks: must be at least 1, got 0"),
-    (["--scaling", "--dim", "-5"], "--dim: must be at least 1, got -5"),
+    (["--gpus", "-2"], "--gpus: must be 1 to 16384, got -2"),
+    (["--gpus", "99999999999999999999"], "--gpus: must be 1 to 16384, got 99999999999999999999"),
+    (["--gpus", "0"], "--gpus: must be 1 to 16384, got 0"),
+    (["--gpus", "16384", "--set", "batch.global=512", "--set", "batch.chunk=1"],
+     "batch.global=512 is smaller than the world size 16384: each rank needs a sample"),
+    (["--gpus", "8", "--gpus-per-node", "99999999999999999999"], "--gpus-per-node: must be 1 to 16384, got 9999"),
+    (["--num_gpus", "0"], "--num_gpus: must be -1 (all) or 1 to 16384, got 0"),
+    (["--num_gpus", "99999999999999999999"], "--num_gpus: must be -1 (all) or 1 to 16384, got 9999"),
+    (["--num_nodes", "-3"], "--num_nodes: must be -1 (all) or 1 to 16384, got -3"),
+    (["--gpus", "8", "--cores", "99999999999999999999"], "--cores: must be 1 to 8192, got 9999"),
+    (["--scaling", "--ranks", "0"], "--ranks: must be 1 to 16384, got 0"),
+    (["--scaling", "--ranks", "8,99999999999999999999"], "--ranks: must be 1 to 16384, got 9999"),
+    (["--scaling", "--ranks", "8,x"], "--ranks: 'x' is not a whole number"),
+    (["--scaling", "--dim", "-5"], "--dim: must be 1 to 65536, got -5"),
+    (["--scaling", "--dim", "99999999999999999999"], "--dim: must be 1 to 65536, got 9999"),
+    (["--scaling", "--batch", "0"], "--batch: each batch must be 1 to 1073741824 (1024M), got '0'"),
+    (["--scaling", "--batch", "4M,99999999999999M"], "--batch: each batch must be 1 to 1073741824 (1024M), got '9999"),
+    (["--scaling", "--batch", "4k", "--ranks", "8,8192"], "--ranks 8192 is more than --batch 4096"),
     (["--rates", "__file__"], "--rates"),
 ])
 def test_bad_plan_arguments_are_one_line_naming_them(args, named, capsys):
-    """Each was a traceback (ZeroDivisionError, JSONDecodeError) or a silent nonsense plan."""
+    """Each was a traceback (ZeroDivisionError, JSONDecodeError), a silent nonsense plan or
+    table, or an absurd rank count answered with 'nearest valid: 0 or ...'."""
     args = [__file__ if a == "__file__" else a for a in args]
     with pytest.raises(SystemExit) as stop:
         code = main(["--config", str(RECIPES / "vit-l14-256k-8gpu.yaml"), *args])
         raise SystemExit(code)
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and named in err, err
+    assert "nearest valid: 0" not in err
+
+
+def test_every_plan_flag_has_help():
+    from infcl_ds.plan.command import _parser
+    silent = [action.option_strings for action in _parser()._actions if not action.help]
+    assert silent == []
 
 
 def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(capsys, monkeypatch):
@@ -163,3 +186,87 @@ def test_a_plan_says_when_it_assumed_the_gpu_size_and_advises_no_absurd_pool(cap
     assert "decode processes a rank would keep up, more than a node has cores" in decoding
     assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", "--gpu-memory", "24GiB"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-2].endswith("of 24 GiB")
+
+
+# A time the report rounded to nothing: "0 s", "0.0 s", "0 ms", "0.0 ms" (as in "108 ms instead of 0 ms").
+BARE_ZERO = re.compile(r"(?<![\d.])0(\.0+)? (s|ms)\b")
+
+
+def test_times_under_a_second_are_never_a_bare_zero(capsys, monkeypatch):
+    """tiny-cpu planned for 2 GPUs: a step of tens of microseconds, whose decoding binds."""
+    from test_plan_machine import CPU_NODE
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
+    assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert not BARE_ZERO.search(out), BARE_ZERO.search(out)
+    binds = next(line for line in out.splitlines() if "decoding binds" in line)
+    assert re.search(r": \d+ ms instead of \d+(\.\d)? us$", binds), binds
+    step = next(line for line in out.splitlines() if line.startswith("step time:"))
+    assert re.match(r"step time: \d+(\.\d)? us = encode \d+(\.\d)? us", step), step
+
+
+def test_a_plan_for_cpu_ranks_speaks_of_ranks_their_cores_and_host_memory(capsys, monkeypatch):
+    """DS_ACCELERATOR=cpu (launch/train.sh tiny-cpu.yaml --num_gpus 2 on a CPU machine): the
+    ranks' tensors are host memory, the decode processes come from this node's 2 cores, and
+    nothing is said of GPUs, NVLink or a GPU-rated step time."""
+    from test_plan_machine import CPU_NODE
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
+    assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[0].endswith("ZeRO-2, 2 CPU ranks (1 node x 2; DS_ACCELERATOR=cpu: over gloo)"), lines[0]
+    assert "= 256 per rank," in lines[1] and lines[1].endswith("cached features in host memory")
+    for gpu_words in ("NVLink", "GiB GPUs", "per GPU", "GPU memory", "TFLOP", "runtime reserve", "--gpu-memory",
+                      "decoding binds", "16 cores"):
+        assert gpu_words not in out, gpu_words
+    assert not BARE_ZERO.search(out)
+    # 2 cores on the node, 2 ranks: one core each, decoded in the training process
+    assert ("data.decode_workers=0 (1 core of each rank's share, 2 on a node / 2 ranks: decoded in the training "
+            "process, which a decode process would only take turns with; read from this node)") in out
+    host = next(line for line in lines if line.startswith("host memory per node (GiB):"))
+    assert "the ranks' tensors (no GPU)" in host and host.endswith("of 24.0 (read from this node's MemTotal)")
+    assert any(line.startswith("step time: not modelled on CPU ranks") for line in lines)
+    assert lines[-3] == "binding limit: host memory per node" + lines[-3].split("host memory per node")[1]
+    assert lines[-2].startswith("fits: ") and lines[-2].endswith("of 24.0 GiB of host memory per node")
+    assert re.fullmatch(r"peak per rank: \d+\.\d GiB, in host memory", lines[-1])
+    # --cores: 8 on the node, 4 a rank, less the training process and the reader
+    assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", "--cores", "8"]) == 0
+    assert "data.decode_workers=2 (4 cores of each rank's share, 8 on a node / 2 ranks" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--gpu-memory", "80GiB"], "--gpu-memory: DS_ACCELERATOR=cpu runs the ranks on their CPUs"),
+    (["--max-step-time", "10"], "--max-step-time: the step time of CPU ranks (DS_ACCELERATOR=cpu) is not modelled"),
+    (["--encoder-tflops", "100"], "--encoder-tflops: the step time of CPU ranks"),
+    (["--set", "data.decoder=hybrid"], "data.decoder=hybrid decodes on the GPU and DS_ACCELERATOR=cpu runs the ranks"),
+])
+def test_cpu_ranks_refuse_what_only_a_gpu_has(args, named, capsys, monkeypatch):
+    from test_plan_machine import CPU_NODE
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
+    assert main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpus", "2", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err
+
+
+def test_a_missing_nvimgcodec_is_named_with_its_extra(capsys, monkeypatch):
+    """data.gpu_jpeg_library=nvimgcodec without nvImageCodec importable: on a GPU node (it trains)
+    a refusal naming the extra; on a node without a GPU (it plans for others) a note; nothing
+    where the GPU decodes no JPEGs."""
+    import sys
+    from test_plan_machine import CPU_NODE, H200_NODE
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # an import of it raises ImportError
+    extra = "pip install 'infcl_ds[gpu-decode]'"
+    plan = ["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--set", "data.gpu_jpeg_library=nvimgcodec"]
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: H200_NODE)
+    assert main(plan + ["--set", "data.decoder=hybrid"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nvImageCodec, which is not installed" in err and extra in err, err
+    monkeypatch.setattr("infcl_ds.plan.command.read_node", lambda: CPU_NODE)
+    assert main(plan + ["--set", "data.decoder=nvjpeg"]) in (0, 1)
+    lines = capsys.readouterr().out.strip().splitlines()
+    note = lines[-3]
+    assert note.startswith("note: data.gpu_jpeg_library=nvimgcodec needs NVIDIA's nvImageCodec") and extra in note
+    assert main(plan + ["--set", "data.decoder=pil"]) in (0, 1)
+    assert "nvImageCodec" not in capsys.readouterr().out

@@ -24,6 +24,17 @@ def test_flags_win_over_the_node():
     assert (sizes.gpu_bytes, sizes.gpu_note, sizes.host_bytes, sizes.host_note) == (80 * GIB, "", 2048 * GIB, "")
 
 
+def test_cpu_ranks_have_no_gpu_memory_and_this_nodes_host_and_cores():
+    """DS_ACCELERATOR=cpu: the ranks run on CPUs like this node's, whether or not it has GPUs."""
+    from infcl_ds.plan.command import node_cores
+    for node in (CPU_NODE, H200_NODE):
+        sizes = memory_sizes(None, None, node, on_cpu=True)
+        assert (sizes.gpu_bytes, sizes.gpu_note, sizes.host_bytes) == (0, "", node.host_memory_bytes)
+        assert sizes.host_note == "read from this node's MemTotal"
+        assert node_cores(None, node, on_cpu=True) == (node.cores, "read from this node")
+    assert node_cores(None, CPU_NODE)[0] is None  # planned for GPUs elsewhere: assumed
+
+
 def test_a_node_without_gpus_is_no_training_node_so_sizes_are_assumed():
     sizes = memory_sizes(None, None, CPU_NODE)
     assert (sizes.gpu_bytes, sizes.host_bytes) == (ASSUMED_GPU_MEMORY, DEFAULT_HOST_MEMORY)

@@ -366,3 +366,16 @@ def test_chunk_auto_that_cannot_fit_is_a_plan_error():
     recipe = load_recipe(RECIPES / "vit-l14-4m-8gpu.yaml", ["batch.chunk=auto"])
     with pytest.raises(PlanError, match="batch.chunk=auto: not even a chunk of 1 fits"):
         resolve_autos(recipe, 8, RankSizes(2 * GIB, 8, split_cores(128, 8), 2048 * GIB))
+
+
+def test_cpu_ranks_hold_their_tensors_in_host_memory_the_one_limit(rates):
+    """A GPU memory of 0 (DS_ACCELERATOR=cpu): what a GPU would hold, less the CUDA runtime
+    reserve, is each rank's host memory; host memory is the one limit, and a remedy speaks of
+    ranks and offloads nothing."""
+    plan = make_plan(tiny(), 2, 0, 8, 64 * GIB, cores=2, rates=rates)
+    assert plan.on_cpu and plan.decoding is None and [limit.name for limit in plan.limits] == ["host memory per node"]
+    assert plan.host[mem.RANK_TENSORS] == 2 * (plan.gpu.peak - mem.GPU_RUNTIME_RESERVE)
+    assert plan.fits and plan.verdict.endswith("of 64.0 GiB of host memory per node")
+    tight = make_plan(tiny(), 2, 0, 8, plan.host_bytes - 1, cores=2, rates=rates)
+    assert not tight.fits and tight.verdict.startswith("does not fit: host memory per node needs")
+    assert all("GPU" not in remedy and "offload" not in remedy for remedy in tight.remedies), tight.remedies
