@@ -7,13 +7,21 @@ with a manifest that verifies is one that was complete; a truncated, garbled, mi
 added-after file is named before anything is unpickled. A manifest is read as untrusted
 input: at most ``MAX_MANIFEST_BYTES``, and anything but the shape ``write_manifest`` writes
 (too deep, wrong types, a name holding a NUL) is a damaged manifest, one CheckpointError.
+
+Nothing in a tag but regular files and directories is read: a FIFO blocks its reader until a
+writer comes, a device may never end. ``verify`` looks at every entry's stat (never opens one)
+and refuses a FIFO, socket or device, or a symbolic link to one, by name; every command that
+reads a tag (resume, resharding, export, eval) verifies it first.
 """
 import hashlib
 import json
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
+from ..file_kind import file_kind
 from .atomic import atomic_write_bytes
 from .safe_load import CheckpointError
 
@@ -31,6 +39,25 @@ def file_digest(path: Path) -> str:
         for block in iter(lambda: f.read(_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _special_kind(path: Path) -> Optional[str]:
+    """What ``path`` is, in words, when it is neither a regular file nor a directory, after its
+    symbolic links ("a FIFO", "a symbolic link to a character device"); None otherwise, and for
+    a path that resolves to nothing (the callers name a missing file themselves). Only stats."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a broken or looping link; a NUL in the name
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"{'a symbolic link to ' if path.is_symlink() else ''}{file_kind(mode)}"
+
+
+def _refuse_if_not_readable(tag_dir: Path, name: str, path: Path) -> None:
+    kind = _special_kind(path)
+    if kind is not None:
+        raise CheckpointError(f"checkpoint {tag_dir}: {name} is {kind}, not a regular file: refused")
 
 
 def _tag_files(tag_dir: Path) -> List[Path]:
@@ -55,6 +82,7 @@ def _is_entry(name: str, entry) -> bool:
 
 def read_manifest(tag_dir: Path) -> Dict:
     path = Path(tag_dir) / MANIFEST
+    _refuse_if_not_readable(tag_dir, MANIFEST, path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {tag_dir} has no {MANIFEST}: incomplete, or not written by infcl-ds train")
     damaged = f"checkpoint {tag_dir}: {MANIFEST} is damaged"
@@ -74,14 +102,19 @@ def read_manifest(tag_dir: Path) -> Dict:
 
 
 def verify(tag_dir: Path) -> Dict:
-    """The tag's manifest, once every file it lists has its size and digest and no ``.pt``
-    file beside them is unlisted; CheckpointError naming the first file that does not."""
+    """The tag's manifest, once nothing in the tag is a FIFO, socket or device, every file it
+    lists has its size and digest and no ``.pt`` file beside them is unlisted; CheckpointError
+    naming the first file that does not."""
     tag_dir = Path(tag_dir)
     manifest = read_manifest(tag_dir)
+    # Every entry, listed or not: DeepSpeed's readers open the files their patterns match.
+    for path in sorted(tag_dir.rglob("*")):
+        _refuse_if_not_readable(tag_dir, path.relative_to(tag_dir).as_posix(), path)
     for name, entry in manifest["files"].items():
         path = tag_dir / name
         if not path.resolve().is_relative_to(tag_dir.resolve()):
             raise CheckpointError(f"checkpoint {tag_dir}: {MANIFEST} names {name}, outside the tag")
+        _refuse_if_not_readable(tag_dir, name, path)  # a name through a linked directory the walk skipped
         if not path.is_file():
             raise CheckpointError(f"checkpoint {tag_dir}: {name} is missing")
         if path.stat().st_size != entry.get("bytes"):
