@@ -6,7 +6,10 @@ by rank 0 once every rank has finished writing, before ``latest`` moves to the t
 with a manifest that verifies is one that was complete; a truncated, garbled, missing or
 added-after file is named before anything is unpickled. A manifest is read as untrusted
 input: at most ``MAX_MANIFEST_BYTES``, and anything but the shape ``write_manifest`` writes
-(too deep, wrong types, a name holding a NUL) is a damaged manifest, one CheckpointError.
+(too deep, wrong types, a name holding a NUL, one file listed under two spellings such as
+``a.pt`` and ``./a.pt``) is a damaged manifest, one CheckpointError. Verifying reads each file
+once, however many names lead to it (hard or symbolic links), so a manifest's size bounds the
+names it lists, not the bytes hashed.
 
 Nothing in a tag but regular files and directories is read: a FIFO blocks its reader until a
 writer comes, a device may never end. ``verify`` looks at every entry's stat (never opens one)
@@ -16,12 +19,14 @@ reads a tag (resume, resharding, export, eval) verifies it first.
 import hashlib
 import json
 import os
+import posixpath
 import re
 import stat
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..file_kind import file_kind
+from ..shown import shown
 from .atomic import atomic_write_bytes
 from .safe_load import CheckpointError
 
@@ -98,6 +103,11 @@ def read_manifest(tag_dir: Path) -> Dict:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(_is_entry(name, entry) for name, entry in files.items()):
         raise CheckpointError(f"{damaged} (not the shape infcl-ds train writes)")
+    spellings: Dict[str, str] = {}
+    for name in files:
+        first = spellings.setdefault(posixpath.normpath(name), name)
+        if first != name:  # write_manifest lists each file once, as its path relative to the tag
+            raise CheckpointError(f"{damaged} (it lists one file twice: {shown(first)} and {shown(name)})")
     return manifest
 
 
@@ -110,6 +120,7 @@ def verify(tag_dir: Path) -> Dict:
     # Every entry, listed or not: DeepSpeed's readers open the files their patterns match.
     for path in sorted(tag_dir.rglob("*")):
         _refuse_if_not_readable(tag_dir, path.relative_to(tag_dir).as_posix(), path)
+    digests: Dict[tuple, str] = {}  # (device, inode) -> SHA-256
     for name, entry in manifest["files"].items():
         path = tag_dir / name
         if not path.resolve().is_relative_to(tag_dir.resolve()):
@@ -117,10 +128,14 @@ def verify(tag_dir: Path) -> Dict:
         _refuse_if_not_readable(tag_dir, name, path)  # a name through a linked directory the walk skipped
         if not path.is_file():
             raise CheckpointError(f"checkpoint {tag_dir}: {name} is missing")
-        if path.stat().st_size != entry.get("bytes"):
-            raise CheckpointError(f"checkpoint {tag_dir}: {name} has {path.stat().st_size} bytes, "
+        info = path.stat()
+        if info.st_size != entry.get("bytes"):
+            raise CheckpointError(f"checkpoint {tag_dir}: {name} has {info.st_size} bytes, "
                                   f"{entry.get('bytes')} were written (truncated or replaced)")
-        if file_digest(path) != entry.get("sha256"):
+        file = (info.st_dev, info.st_ino)
+        if file not in digests:
+            digests[file] = file_digest(path)
+        if digests[file] != entry.get("sha256"):
             raise CheckpointError(f"checkpoint {tag_dir}: {name} does not match its SHA-256 (damaged or replaced)")
     unlisted = [p.relative_to(tag_dir).as_posix() for p in _tag_files(tag_dir)
                 if p.suffix == ".pt" and p.relative_to(tag_dir).as_posix() not in manifest["files"]]
