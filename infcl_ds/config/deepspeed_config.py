@@ -10,19 +10,28 @@ satisfy DeepSpeed's arithmetic check and its throughput timer, they do not size 
 Two overrides, merged last: ``zero.overrides`` into the ``zero_optimization`` block (ZeRO's own
 keys, DeepSpeedZeroConfig's), ``deepspeed.overrides`` into the whole config (any other key but
 those the recipe sets).
+
+A ``zero.base_config`` of one's own is most often a copy of a packaged base, so it may hold what
+those hold and the recipe writes over (``WRITTEN_OVER_IN_BASE``): the recipe's value is used,
+and the trainer names such keys once (``base_keys_written_over``).
 """
 import copy
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..resources import package_file
 from ..shown import shown
-from .recipe import Recipe, RecipeError, owned_key
+from .recipe import Recipe, RecipeError, owned_key, recipe_key_of
 
 # ZeRO's offloads that may go to NVMe, each into the directory of its nvme_path.
 _OFFLOADS = ("offload_optimizer", "offload_param")
+# The recipe's keys (owned_key) that the packaged bases hold, at what build_deepspeed_config
+# writes over them. The recipe's other keys stay refused in a base: no packaged base holds them,
+# and a base that does asks for what the recipe decides otherwise (an accumulation or a batch:
+# batch.*; fp16: precision.dtype) or what DeepSpeed would drop (optimizer, scheduler).
+WRITTEN_OVER_IN_BASE = ("gradient_clipping", "bf16")
 
 
 def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -32,7 +41,8 @@ def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def base_config(recipe: Recipe) -> Dict[str, Any]:
+def _read_base(recipe: Recipe) -> Tuple[Path, Dict[str, Any]]:
+    """The base config's path and JSON object, as written; RecipeError if it is not one."""
     if recipe.zero.base_config:
         path = Path(recipe.zero.base_config)
         if not path.is_file():
@@ -49,9 +59,16 @@ def base_config(recipe: Recipe) -> Dict[str, Any]:
     if not isinstance(config, dict):
         raise RecipeError(f"recipe: zero.base_config {path} is not a JSON object")
     config.pop("_comment", None)
-    # The packaged bases hold gradient_clipping and bf16 at what build_deepspeed_config writes
-    # over them; a base of one's own holds only what the recipe leaves to DeepSpeed.
-    owned = owned_key(config) if recipe.zero.base_config else None
+    return path, config
+
+
+def base_config(recipe: Recipe) -> Dict[str, Any]:
+    """The base config the recipe's keys are merged into: without the keys the recipe writes over
+    (whole: bf16's other settings are not the recipe's), holding none of its other keys."""
+    path, config = _read_base(recipe)
+    for key in WRITTEN_OVER_IN_BASE:
+        config.pop(key, None)
+    owned = owned_key(config)
     if owned:
         raise RecipeError(f"recipe: zero.base_config {path}: {owned}")
     zero = config.get("zero_optimization", {})
@@ -59,6 +76,28 @@ def base_config(recipe: Recipe) -> Dict[str, Any]:
     if stage != recipe.zero.stage:
         raise RecipeError(f"recipe: zero.stage={recipe.zero.stage} but {path} sets zero_optimization.stage={stage}")
     return config
+
+
+def base_keys_written_over(recipe: Recipe) -> Optional[str]:
+    """One line naming the keys of the recipe's own zero.base_config that the recipe writes over,
+    each with the recipe key and value used instead; None for a packaged base or one holding none."""
+    if not recipe.zero.base_config:
+        return None
+    path, config = _read_base(recipe)
+    held = [key for key in WRITTEN_OVER_IN_BASE if key in config]
+    if not held:
+        return None
+    used = ", ".join(f"{recipe_key_of(key)}={_recipe_value(recipe, recipe_key_of(key))}" for key in held)
+    are, values = ("is", "value") if len(held) == 1 else ("are", "values")
+    return (f"zero.base_config {path}: {', '.join(held)} {are} set by the recipe; its {used} {are} used, "
+            f"not the base config's {values}")
+
+
+def _recipe_value(recipe: Recipe, dotted: str) -> Any:
+    value = recipe
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _holds(config: Dict[str, Any], key: str) -> bool:

@@ -394,7 +394,8 @@ class Recipe(Section):
 # the user's own zero.base_config, would silently change the step (e.g. gradient_accumulation_steps
 # > 1 steps the optimizer less often, and the engine's gradient scaling assumes 1) or be silently
 # ignored (an optimizer or scheduler section: DeepSpeed takes the recipe's, handed to it by the
-# engine, and drops the config's). The recipe key to use instead.
+# engine, and drops the config's). The recipe key to use instead. A zero.base_config may hold the
+# two the packaged bases hold, which the recipe writes over (deepspeed_config.WRITTEN_OVER_IN_BASE).
 _OWNED_DEEPSPEED_KEYS = {
     "train_micro_batch_size_per_gpu": "batch.chunk", "gradient_accumulation_steps": "batch.global",
     "train_batch_size": "batch.global", "gradient_clipping": "optimizer.grad_clip",
@@ -413,6 +414,11 @@ def owned_key(config: Dict[str, Any]) -> Optional[str]:
         if key in config:
             return f"{key} is set by the recipe; use {instead}"
     return None
+
+
+def recipe_key_of(deepspeed_key: str) -> str:
+    """The recipe key that sets a DeepSpeed key the recipe owns ("bf16" -> "precision.dtype")."""
+    return _OWNED_DEEPSPEED_KEYS[deepspeed_key]
 
 
 def _check_overrides(recipe: Recipe) -> None:

@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 
 from PIL import Image
 
+from ..file_kind import file_kind
 from ..shown import shown
 from .errors import DataError
 
@@ -66,12 +67,6 @@ def require_image_bytes(data: Optional[bytes]) -> bytes:
     if not data:
         raise SkipSample("no image")
     return data
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, for a message."""
-    return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-            stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}.get(stat.S_IFMT(mode), "a special file")
 
 
 def not_a_sample_file(info: os.stat_result) -> Optional[str]:

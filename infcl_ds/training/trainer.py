@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..checkpoint import reshard, store, tags
 from ..checkpoint.safe_load import CheckpointError
 from ..config import Recipe, build_deepspeed_config, check_world, dump_recipe
+from ..config.deepspeed_config import base_keys_written_over
 from ..data import build_eval_data, build_train_data
 from ..data.check import check_paths
 from ..engine.compile import graphs_compiled
@@ -74,6 +75,9 @@ class Trainer:
             self._claim_run_dir(restart)
         self.resume_dir = self._resume_dir(resume, allow_recipe_change)
         ds_config = build_deepspeed_config(recipe, self.world)
+        written_over = base_keys_written_over(recipe) if self.rank == 0 else None
+        if written_over:
+            print(f"infcl-ds train: {written_over}", file=sys.stderr, flush=True)
         if self.resharding:
             why = reshard.unsupported(ds_config)
             if why:

@@ -2,7 +2,9 @@
 export or eval, tags stay inside the run, damaged tags and tampered files are named, a changed
 recipe is refused at resume, and a full disk during a save leaves the last complete tag."""
 import errno
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -223,6 +225,54 @@ def test_a_manifest_entry_that_is_not_an_entry_is_a_damaged_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text('{"format": 1, "files": {"model.pt": 5}}')
     with pytest.raises(CheckpointError, match="manifest.json is damaged"):
         read_manifest(tmp_path)
+
+
+def _tag_of_one_file(tmp_path) -> Path:
+    from infcl_ds.checkpoint.manifest import write_manifest
+    tag = tmp_path / "checkpoints" / "step_00000001"
+    (tag / "sub").mkdir(parents=True)
+    (tag / "a.pt").write_bytes(b"x" * 1000)
+    write_manifest(tag, "0" * 64)
+    return tag
+
+
+@pytest.mark.parametrize("spelling", ["./a.pt", "sub/../a.pt", ".//a.pt"])
+def test_a_file_listed_under_two_spellings_is_a_damaged_manifest(tmp_path, spelling):
+    """Each spelling was verified, the file hashed once per spelling: a 16 MiB manifest listing
+    one large file ~100,000 times kept every rank hashing for an hour."""
+    from infcl_ds.checkpoint.manifest import verify
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    tag = _tag_of_one_file(tmp_path)
+    manifest = json.loads((tag / "manifest.json").read_text())
+    manifest["files"][spelling] = manifest["files"]["a.pt"]
+    (tag / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="^" + re.escape(
+            f"checkpoint {tag}: manifest.json is damaged (it lists one file twice: 'a.pt' and {spelling!r})") + "$"):
+        verify(tag)
+    # A name leading out of the tag stays refused as one.
+    (tmp_path / "elsewhere.pt").write_bytes(b"x" * 1000)
+    for outside in ("../../elsewhere.pt", "sub/../../../elsewhere.pt"):
+        manifest["files"] = {"a.pt": manifest["files"]["a.pt"], outside: manifest["files"]["a.pt"]}
+        (tag / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=re.escape(f"manifest.json names {outside}, outside the tag")):
+            verify(tag)
+
+
+def test_a_file_under_several_names_is_hashed_once(tmp_path, monkeypatch):
+    """Hard and symbolic links are names the manifest may list; the bytes behind them are read once."""
+    from infcl_ds.checkpoint import manifest
+    tag = _tag_of_one_file(tmp_path)
+    os.link(tag / "a.pt", tag / "b.pt")
+    (tag / "c.pt").symlink_to("a.pt")
+    manifest.write_manifest(tag, "0" * 64)
+    hashed = []
+    digest = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda path: hashed.append(path) or digest(path))
+    assert sorted(manifest.verify(tag)["files"]) == ["a.pt", "b.pt", "c.pt"]
+    assert len(hashed) == 1, hashed
+    (tag / "a.pt").write_bytes(b"y" * 1000)  # changed under all three names: named by the first
+    with pytest.raises(manifest.CheckpointError, match=r"a.pt does not match its SHA-256"):
+        manifest.verify(tag)
 
 
 def test_a_saved_recipe_with_a_python_tag_is_one_line_not_a_constructor_traceback(tmp_path):

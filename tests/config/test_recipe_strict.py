@@ -162,7 +162,8 @@ def test_an_nvme_offload_directory_is_checked_at_load(tmp_path):
 
 
 @pytest.mark.parametrize("key,instead", [("optimizer", "optimizer.*"), ("scheduler", "schedule.*"),
-                                         ("fp16", "precision.dtype"), ("gradient_clipping", "optimizer.grad_clip")])
+                                         ("fp16", "precision.dtype"),
+                                         ("gradient_accumulation_steps", "batch.global")])
 def test_a_base_config_of_ones_own_holds_none_of_the_recipes_keys(tmp_path, key, instead):
     base = tmp_path / "base.json"
     base.write_text(json.dumps({key: {"type": "X"}, "zero_optimization": {"stage": 2}}))
@@ -172,6 +173,40 @@ def test_a_base_config_of_ones_own_holds_none_of_the_recipes_keys(tmp_path, key,
                   f"^recipe: deepspeed.overrides.{key} is set by the recipe; use {re.escape(instead)}$")
     base.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": False}}))
     assert load_recipe(None, [f"zero.base_config={base}"]).zero.base_config == str(base)
+
+
+PACKAGED_BASES = sorted((Path(__file__).resolve().parents[2] / "infcl_ds" / "ds_configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("base", PACKAGED_BASES, ids=lambda path: path.name)
+def test_a_packaged_base_config_is_taken_as_ones_own_and_the_recipe_s_values_win(base):
+    """The packaged bases hold gradient_clipping and bf16, the start of a base of one's own: named
+    as a base, each builds the config its stage builds by default, the recipe's values in it."""
+    from infcl_ds.config import build_deepspeed_config
+    from infcl_ds.config.deepspeed_config import base_keys_written_over
+    stage = json.loads(base.read_text())["zero_optimization"]["stage"]
+    for settings in ([], ["optimizer.grad_clip=1.0", "precision.dtype=fp32"]):
+        packaged = load_recipe(None, [f"zero.stage={stage}"] + settings)
+        own = load_recipe(None, [f"zero.stage={stage}", f"zero.base_config={base}"] + settings)
+        assert build_deepspeed_config(own, 2) == build_deepspeed_config(packaged, 2)
+        assert base_keys_written_over(packaged) is None  # the default base: nothing to say
+    config = build_deepspeed_config(own, 2)
+    assert config["gradient_clipping"] == 1.0 and config["bf16"] == {"enabled": False}
+    assert base_keys_written_over(own) == (f"zero.base_config {base}: gradient_clipping, bf16 are set by the recipe; "
+                                           "its optimizer.grad_clip=1.0, precision.dtype=fp32 are used, not the base "
+                                           "config's values")
+
+
+def test_a_base_config_s_key_the_recipe_writes_over_goes_whole(tmp_path):
+    from infcl_ds.config import build_deepspeed_config
+    from infcl_ds.config.deepspeed_config import base_keys_written_over
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"bf16": {"enabled": True, "immediate_grad_update": True},
+                                "zero_optimization": {"stage": 2}}))
+    recipe = load_recipe(None, [f"zero.base_config={base}", "precision.dtype=bf16"])
+    assert build_deepspeed_config(recipe, 2)["bf16"] == {"enabled": True}  # none of the base's bf16 settings
+    assert base_keys_written_over(recipe) == (f"zero.base_config {base}: bf16 is set by the recipe; its "
+                                              "precision.dtype=bf16 is used, not the base config's value")
 
 
 def test_zero_overrides_reach_zero_optimization_and_deepspeed_overrides_the_whole_config():

@@ -3,11 +3,19 @@ given, through a symlink or `..`) or over a file they did not write is refused b
 work, one line, exit 2, the file untouched; the same command again to its own output works;
 an `eval --out` that cannot be written is refused before the evaluation, and a write that
 fails after it is one line. A malformed manifest (nested thousands deep, a name holding a NUL,
-beyond the size bound) is a damaged checkpoint in resume, export and eval alike. One tiny
-ZeRO-0 checkpoint (test_export's) for the module."""
+beyond the size bound) is a damaged checkpoint in resume, export and eval alike, and so is a
+FIFO, socket or device in a tag, named without being opened. One tiny ZeRO-0 checkpoint
+(test_export's) for the module, and a ZeRO-2 one for the files that are not regular."""
+import contextlib
 import json
+import os
+import shutil
+import socket
 import sys
+import threading
+import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +150,98 @@ def test_a_malformed_manifest_is_a_damaged_checkpoint_in_resume_export_and_eval(
     assert _one_line(capsys, "export").startswith(damaged)
     assert eval_main(["--checkpoint", str(run), "--data", "SPLIT"]) == 2
     assert _one_line(capsys, "eval").startswith(damaged)
+
+
+# -- files in a tag that are not regular files ----------------------------------------------------
+
+# A ZeRO rank's optimizer states, which export opens (every file of the pattern): the tag's own
+# rank's, and a second rank's that the tag does not have.
+OPTIM, SECOND_OPTIM = "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+
+
+@pytest.fixture(scope="module")
+def zero2_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run_zero2")
+    (run_dir / "recipe.yaml").write_text(f"model:\n  name: {NAME}\n")
+    run_ranks(_train_and_save, 1, 2, str(run_dir / "checkpoints"))
+    return run_dir
+
+
+@contextlib.contextmanager
+def _fifo_watch(fifo: Path):
+    """Whether anything opened ``fifo`` to read (``opened``): each such reader is let go at once
+    (it sees end of file), so a test of old code fails on its message instead of hanging."""
+    state = types.SimpleNamespace(opened=False)
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:  # opening to write without blocking succeeds only while a reader waits
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                state.opened = True
+            except OSError:
+                pass
+            time.sleep(0.02)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _special(tag: Path, kind: str, outside: Path):
+    """Make ``kind`` in the verified tag ``tag``; returns (its name in the tag, what the refusal
+    calls it, the FIFO a reader could wait on or None)."""
+    if kind == "a FIFO as a rank's optimizer states":
+        os.mkfifo(tag / SECOND_OPTIM)
+        return SECOND_OPTIM, "a FIFO", tag / SECOND_OPTIM
+    if kind == "a listed file replaced by a FIFO":
+        (tag / OPTIM).unlink()
+        os.mkfifo(tag / OPTIM)
+        return OPTIM, "a FIFO", tag / OPTIM
+    if kind == "a FIFO as the manifest":
+        (tag / "manifest.json").unlink()
+        os.mkfifo(tag / "manifest.json")
+        return "manifest.json", "a FIFO", tag / "manifest.json"
+    if kind == "a symbolic link to a FIFO":
+        os.mkfifo(outside / "pipe")
+        (tag / SECOND_OPTIM).symlink_to(outside / "pipe")
+        return SECOND_OPTIM, "a symbolic link to a FIFO", outside / "pipe"
+    if kind == "a symbolic link to a device":
+        (tag / SECOND_OPTIM).symlink_to("/dev/zero")
+        return SECOND_OPTIM, "a symbolic link to a character device", None
+    cwd = os.getcwd()  # a socket's path is bound relative: the absolute one is over its 108 bytes
+    os.chdir(tag)
+    try:
+        with socket.socket(socket.AF_UNIX) as listening:
+            listening.bind(SECOND_OPTIM)
+    finally:
+        os.chdir(cwd)
+    return SECOND_OPTIM, "a socket", None
+
+
+@pytest.mark.parametrize("kind", ["a FIFO as a rank's optimizer states", "a listed file replaced by a FIFO",
+                                  "a FIFO as the manifest", "a symbolic link to a FIFO",
+                                  "a symbolic link to a device", "a socket"])
+def test_a_fifo_socket_or_device_in_a_tag_is_refused_by_resume_export_and_eval_unopened(zero2_run, tmp_path,
+                                                                                      fake_data, capsys, kind):
+    """Export and eval of a FIFO named as a rank's optimizer states waited on it forever: the
+    manifest's checks looked at regular files only."""
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    from infcl_ds.checkpoint.tags import resolve_tag
+    copy = tmp_path / "run"
+    shutil.copytree(zero2_run, copy)
+    tag = copy / "checkpoints" / TAG
+    name, what, fifo = _special(tag, kind, tmp_path)
+    refused = f"checkpoint {tag}: {name} is {what}, not a regular file: refused"
+    with _fifo_watch(fifo) if fifo else contextlib.nullcontext(types.SimpleNamespace(opened=False)) as watch:
+        assert export_main(["--checkpoint", str(copy), "--out", str(tmp_path / "model.pt")]) == 2
+        assert _one_line(capsys, "export").startswith(refused)
+        assert eval_main(["--checkpoint", str(copy), "--data", "SPLIT"]) == 2
+        assert _one_line(capsys, "eval").startswith(refused)
+        with pytest.raises(CheckpointError) as resume:  # what --resume (and resharding) reads first
+            resolve_tag(copy / "checkpoints", "latest")
+        assert str(resume.value).startswith(refused), resume.value
+    assert not watch.opened, "a reader opened the FIFO"

@@ -107,6 +107,21 @@ def test_cli_refuses_a_bad_recipe_before_any_work(capsys):
     assert "did you mean schedule?" in capsys.readouterr().err
 
 
+def test_a_copy_of_a_packaged_base_config_trains_and_is_named_once(tmp_path):
+    import shutil
+
+    from infcl_ds.resources import package_file
+    base = tmp_path / "zero2.json"
+    shutil.copy(str(package_file("ds_configs", "zero2.json")), base)
+    procs = start_ranks(2, [f"output_dir={tmp_path / 'run'}", "zero.stage=2", f"zero.base_config={base}",
+                            "schedule.steps=1", "checkpoint.every=1"], log_dir=tmp_path)
+    assert wait_all(procs) == [0, 0]
+    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in range(2)]
+    line = (f"infcl-ds train: zero.base_config {base}: gradient_clipping, bf16 are set by the recipe; its "
+            f"optimizer.grad_clip=0.0, precision.dtype=fp32 are used, not the base config's values\n")
+    assert logs[0].count(line) == 1 and "zero.base_config" not in logs[1], logs
+
+
 def test_every_rank_refuses_an_indivisible_batch(tmp_path):
     # Raised by check_world on each rank after joining, before any collective: no hang.
     procs = start_ranks(2, ["batch.global=15", f"output_dir={tmp_path}"], log_dir=tmp_path)
