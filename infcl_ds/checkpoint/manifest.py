@@ -38,6 +38,15 @@ MAX_MANIFEST_BYTES = 16 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def _tag(tag_dir) -> str:
+    """A tag in a message: its path with any line break or ESC escaped, as every name here."""
+    return f"checkpoint {shown(tag_dir, quote=False)}"
+
+
+def _named(name) -> str:
+    return shown(name, quote=False)
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -62,7 +71,7 @@ def _special_kind(path: Path) -> Optional[str]:
 def _refuse_if_not_readable(tag_dir: Path, name: str, path: Path) -> None:
     kind = _special_kind(path)
     if kind is not None:
-        raise CheckpointError(f"checkpoint {tag_dir}: {name} is {kind}, not a regular file: refused")
+        raise CheckpointError(f"{_tag(tag_dir)}: {_named(name)} is {kind}, not a regular file: refused")
 
 
 def _tag_files(tag_dir: Path) -> List[Path]:
@@ -89,8 +98,8 @@ def read_manifest(tag_dir: Path) -> Dict:
     path = Path(tag_dir) / MANIFEST
     _refuse_if_not_readable(tag_dir, MANIFEST, path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {tag_dir} has no {MANIFEST}: incomplete, or not written by infcl-ds train")
-    damaged = f"checkpoint {tag_dir}: {MANIFEST} is damaged"
+        raise CheckpointError(f"{_tag(tag_dir)} has no {MANIFEST}: incomplete, or not written by infcl-ds train")
+    damaged = f"{_tag(tag_dir)}: {MANIFEST} is damaged"
     with open(path, "rb") as f:
         text = f.read(MAX_MANIFEST_BYTES + 1)  # bounded before parsing, whatever the file claims to be
     if len(text) > MAX_MANIFEST_BYTES:
@@ -124,21 +133,22 @@ def verify(tag_dir: Path) -> Dict:
     for name, entry in manifest["files"].items():
         path = tag_dir / name
         if not path.resolve().is_relative_to(tag_dir.resolve()):
-            raise CheckpointError(f"checkpoint {tag_dir}: {MANIFEST} names {name}, outside the tag")
+            raise CheckpointError(f"{_tag(tag_dir)}: {MANIFEST} names {_named(name)}, outside the tag")
         _refuse_if_not_readable(tag_dir, name, path)  # a name through a linked directory the walk skipped
         if not path.is_file():
-            raise CheckpointError(f"checkpoint {tag_dir}: {name} is missing")
+            raise CheckpointError(f"{_tag(tag_dir)}: {_named(name)} is missing")
         info = path.stat()
         if info.st_size != entry.get("bytes"):
-            raise CheckpointError(f"checkpoint {tag_dir}: {name} has {info.st_size} bytes, "
+            raise CheckpointError(f"{_tag(tag_dir)}: {_named(name)} has {info.st_size} bytes, "
                                   f"{entry.get('bytes')} were written (truncated or replaced)")
         file = (info.st_dev, info.st_ino)
         if file not in digests:
             digests[file] = file_digest(path)
         if digests[file] != entry.get("sha256"):
-            raise CheckpointError(f"checkpoint {tag_dir}: {name} does not match its SHA-256 (damaged or replaced)")
+            raise CheckpointError(f"{_tag(tag_dir)}: {_named(name)} does not match its SHA-256 (damaged or replaced)")
     unlisted = [p.relative_to(tag_dir).as_posix() for p in _tag_files(tag_dir)
                 if p.suffix == ".pt" and p.relative_to(tag_dir).as_posix() not in manifest["files"]]
     if unlisted:
-        raise CheckpointError(f"checkpoint {tag_dir}: {', '.join(unlisted)} not in its {MANIFEST} (added later)")
+        names = ", ".join(_named(u) for u in unlisted)
+        raise CheckpointError(f"{_tag(tag_dir)}: {names} not in its {MANIFEST} (added later)")
     return manifest

@@ -303,3 +303,21 @@ def test_an_allowed_class_called_with_bad_arguments_is_a_damaged_file(tmp_path):
     torch.save({"scaler": BadCall()}, path)
     with pytest.raises(CheckpointError, match="client.pt cannot be read"):
         load_weights_only(path)
+
+
+def test_a_checkpoints_names_are_escaped_in_its_refusals(tmp_path):
+    """A tag or file name holding a line break or an ESC is written escaped: the refusal stays one
+    line and the terminal obeys nothing in it."""
+    from infcl_ds.checkpoint.manifest import verify, write_manifest
+    from infcl_ds.checkpoint.safe_load import CheckpointError
+    tag = tmp_path / "step_1\n\x1b[2J"
+    tag.mkdir()
+    (tag / "model\nstates.pt").write_bytes(b"x")
+    with pytest.raises(CheckpointError) as err:
+        verify(tag)
+    assert "\n" not in str(err.value) and "\x1b" not in str(err.value) and "step_1\\n\\x1b[2J" in str(err.value)
+    write_manifest(tag, "0" * 64)
+    (tag / "extra\x1b.pt").write_bytes(b"y")
+    with pytest.raises(CheckpointError, match=r"extra\\x1b\.pt not in its manifest") as err:
+        verify(tag)
+    assert "\x1b" not in str(err.value) and "\n" not in str(err.value)
