@@ -93,6 +93,16 @@ def collective_timeout_s(minutes: Optional[float] = None) -> float:
     return 60.0 * (parse_timeout_minutes(text) if text is not None else DEFAULT_TIMEOUT_MIN)
 
 
+def _set_default_group_timeout(timeout: timedelta) -> None:
+    """The joined default group's collective timeout. ``torch.distributed.set_timeout`` where
+    torch has it: its older private name warns (FutureWarning) on every rank of newer torch."""
+    set_timeout = getattr(torch.distributed, "set_timeout", None)
+    if set_timeout is None:  # torch before set_timeout was public
+        from torch.distributed import distributed_c10d
+        set_timeout = distributed_c10d._set_pg_timeout
+    set_timeout(timeout)
+
+
 def _timeout_for_later_groups(timeout: timedelta) -> None:
     """torch gives a group created without a timeout its module default (30 min), read when
     the group is made: set it to ours, for DeepSpeed's new_group() calls."""
@@ -145,7 +155,7 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
                                "taken by another process: pick a free port (the launcher's --master_port, or "
                                "MASTER_PORT)") from None
         raise
-    torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
+    _set_default_group_timeout(timeout)  # the default group, once joined
     _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 
