@@ -28,5 +28,5 @@ bash launch/train.sh ds_configs/recipes/tiny-cpu.yaml --num_gpus 2 --master_addr
   grep --line-buffered -E "^(step [0-9]+/|zero-shot|image->text|text->image|run directory|train time)|Error|error" || true
 end=$(date +%s)
 echo "[quickstart] training + evaluation: $((end - trained)) s; whole command: $((end - start)) s" >&2
-echo "[quickstart] run directory: $run (log: $run/quickstart.log); in a new shell, enter the environment first: source .venv/bin/activate" >&2
+echo "[quickstart] log: $run/quickstart.log; the README's next commands, in a new shell, start with: source .venv/bin/activate" >&2
 grep -q "^zero-shot top-1:" "$run/quickstart.log"
