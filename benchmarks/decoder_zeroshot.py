@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument("--decoders", default="pil,nvjpeg", help="data.decoder values, comma-separated")
     p.add_argument("--seeds", default="0,1", help="model seeds, comma-separated")
     p.add_argument("--steps", type=int, default=200, help="training steps per run (the recipe's: 200)")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON of rows to replace")
     args = p.parse_args(argv)
     from infcl_ds.data.digits import build_digits
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-decoders-"))

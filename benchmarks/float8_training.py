@@ -52,7 +52,7 @@ def main(argv=None):
     p.add_argument("--seeds", default="0,1", help="model seeds, comma-separated")
     p.add_argument("--steps", type=int, default=300, help="training steps per run")
     p.add_argument("--float8", default="true", choices=("true", "emulate"), help="model.float8's value against false")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON of rows to replace (a PNG beside it)")
     args = p.parse_args(argv)
     from infcl_ds.data.digits import build_digits
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-float8-"))

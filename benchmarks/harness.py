@@ -281,6 +281,7 @@ def by_loss(argv, **mains: Callable):
     on the whole command line; each benchmark's own parser lists and accepts ``--loss``."""
     import argparse
     pick = argparse.ArgumentParser(add_help=False)
-    pick.add_argument("--loss", choices=list(mains), default=next(iter(mains)))
+    pick.add_argument("--loss", choices=list(mains), default=next(iter(mains)),
+                      help="which loss's benchmark runs (its own --help lists its options)")
     chosen, _ = pick.parse_known_args(argv)
     return mains[chosen.loss](argv)

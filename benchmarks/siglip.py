@@ -78,16 +78,16 @@ def summarise(rows: List[dict]) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="infcl-ds bench loss --loss siglip", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--loss", default="siglip", choices=["siglip"])
+    p.add_argument("--loss", default="siglip", choices=["siglip"], help="this benchmark's loss (bench loss picks by it)")
     p.add_argument("--batch", default="16k,64k,256k,1m", help="global batch sizes (k = 1024, m = 1024^2)")
-    p.add_argument("--dim", default="768,1152")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--impl", default="infcl_ds,open_clip")
+    p.add_argument("--dim", default="768,1152", help="feature widths D, comma-separated")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="feature dtype")
+    p.add_argument("--impl", default="infcl_ds,open_clip", help="implementations timed, comma-separated")
     p.add_argument("--open-clip-max-batch", default="256k", help="larger open_clip rows are not run")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
     p.add_argument("--long-row-seconds", type=float, default=2.0, help="rows slower than this are timed once")
-    p.add_argument("--out", default="docs/benchmarks/siglip.json")
-    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--out", default="docs/benchmarks/siglip.json", help="the JSON of rows to replace (a PNG beside it)")
+    p.add_argument("--no-check", action="store_true", help="skip the float64 check before timing")
     args = p.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

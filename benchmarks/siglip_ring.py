@@ -85,19 +85,19 @@ def _worker(rank, world, args, port, ident):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="infcl-ds bench ring --loss siglip", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--loss", default="siglip", choices=["siglip"])
+    p.add_argument("--loss", default="siglip", choices=["siglip"], help="this benchmark's loss (bench ring picks by it)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
-    p.add_argument("--batch", default="64k,256k,1m")
-    p.add_argument("--dim", default="768,1152")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--batch", default="64k,256k,1m", help="global batch sizes (k = 1024, m = 1024^2)")
+    p.add_argument("--dim", default="768,1152", help="feature widths D, comma-separated")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="feature dtype")
     p.add_argument("--impl", default="infcl_ds," + ",".join(f"open_clip_{x}" for x in OPEN_CLIP_EXCHANGES),
                    help="infcl_ds and open_clip's SigLipLoss with each dist_impl (open_clip_bidir, ...)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU same-work rows")
     p.add_argument("--check-rows", type=int, default=1031, help="rows per rank of the float64 check (D=768)")
     p.add_argument("--open-clip-max-batch", default="256k", help="global batch; larger open_clip rows are not run")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--long-row-seconds", type=float, default=2.0)
-    p.add_argument("--out", default="docs/benchmarks/siglip_ring.json")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
+    p.add_argument("--long-row-seconds", type=float, default=2.0, help="rows slower than this are timed once")
+    p.add_argument("--out", default="docs/benchmarks/siglip_ring.json", help="the JSON of rows to replace (a PNG beside it)")
     args = p.parse_args(argv)
     args.argv = argv
     world = args.world or (torch.cuda.device_count() if torch.cuda.is_available() else 2)

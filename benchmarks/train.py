@@ -389,10 +389,10 @@ def _command(args):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="infcl-ds bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="ViT-B-16")
+    p.add_argument("--model", default="ViT-B-16", help="open_clip architecture (model.name)")
     p.add_argument("--batch", default="64k,256k", help="global batch sizes")
     p.add_argument("--chunk", default="256", help="samples per encoder chunk, or auto (the planner's choice)")
-    p.add_argument("--zero", type=int, default=2)
+    p.add_argument("--zero", type=int, default=2, help="ZeRO stage 0-3 (zero.stage)")
     p.add_argument("--impl", default="infcl_ds", help="comma list of infcl_ds, inf_cl, open_clip, open_clip_train")
     p.add_argument("--open-clip-train-batch-size", type=int, default=1024,
                    help="open_clip_train's --batch-size per rank (its --accum-freq makes up the global batch)")
@@ -401,9 +401,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2,
                    help="timed steps per row (their mean), after one untimed step of the same shape")
     p.add_argument("--pool", type=int, default=4096, help="distinct host samples cycled through")
-    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing (model.grad_checkpointing)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoders (model.compile)")
-    p.add_argument("--offload-features", action="store_true")
+    p.add_argument("--offload-features", action="store_true", help="cached features in host memory (batch.offload_features)")
     p.add_argument("--profile", action="store_true",
                    help="one more step under torch.profiler (CUDA): GPU time per kernel kind in the row")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -425,7 +425,7 @@ def main(argv=None):
                    help="open_clip_train's --workers (default: 12 on CUDA, 1 on CPU)")
     p.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs; 2 gloo ranks on CPU)")
     p.add_argument("--append", action="store_true", help="merge into --out instead of replacing it")
-    p.add_argument("--out", default="docs/benchmarks/train.json")
+    p.add_argument("--out", default="docs/benchmarks/train.json", help="the JSON of rows to write (a PNG beside it)")
     args = p.parse_args(argv)
     if "jpeg" in args.data.split(",") and not args.shards:
         p.error("--data jpeg needs --shards (e.g. made by: infcl-ds data photos --out DIR)")

@@ -11,14 +11,18 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .cli_args import ArgumentParser, positive_int
 from .losses import contrastive_loss
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="infcl-ds demo", description=__doc__)
-    p.add_argument("--batch", type=int, default=32768)
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--check-batch", type=int, default=2048)
+    p = ArgumentParser(prog="infcl-ds demo", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=positive_int, default=32768,
+                   help="the large batch run, beside the memory its full logits would need (default 32768)")
+    p.add_argument("--dim", type=positive_int, default=512, help="feature width D (default 512)")
+    p.add_argument("--check-batch", type=positive_int, default=2048,
+                   help="the batch checked against float64 full logits (default 2048)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     scale = torch.tensor(1 / 0.07, requires_grad=True)

@@ -1,6 +1,7 @@
 """The models the trainer builds: open_clip's architectures plus the tiny ones shipped in
 ``model_configs/`` (CPU tests and the quickstart). Models are always created from scratch
 (``pretrained=None``), so nothing is ever downloaded."""
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -18,6 +19,27 @@ def register_tiny_configs() -> None:
     shipped = {path.stem for path in CONFIG_DIR.glob("*.json")}
     if not shipped <= set(open_clip.list_models()):
         open_clip.add_model_config(CONFIG_DIR)
+
+
+class _RandomInitWarning(logging.Filter):
+    """Drops open_clip's "No pretrained weights loaded for model ... Model initialized
+    randomly." (a ``logging.warning`` on the root logger, its factory's). Our models start
+    random on purpose: training initialises them so, eval and export load a checkpoint into
+    them right after; the line would tell a reader that the checkpoint was not used."""
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No pretrained weights loaded for model")
+
+
+@contextlib.contextmanager
+def _no_random_init_warning():
+    """open_clip's random-initialisation warning silenced while building a model, nothing else
+    (other warnings of the build, and of other threads meanwhile, still show)."""
+    quiet = _RandomInitWarning()
+    logging.root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logging.root.removeFilter(quiet)
 
 
 LOSSES = ("clip", "siglip")
@@ -44,7 +66,8 @@ def create_model(name: str, *, seed: Optional[int] = None, loss: str = "clip") -
         if seed is not None:
             torch.manual_seed(seed)
         # pretrained_text=False: an HF text tower would otherwise fetch its base weights.
-        return open_clip.create_model(name, pretrained=None, pretrained_text=False, **kwargs)
+        with _no_random_init_warning():
+            return open_clip.create_model(name, pretrained=None, pretrained_text=False, **kwargs)
 
 
 def meta_model(name: str, loss: str = "clip") -> torch.nn.Module:
@@ -53,15 +76,8 @@ def meta_model(name: str, loss: str = "clip") -> torch.nn.Module:
     import open_clip
     kwargs = _loss_kwargs(loss)
     register_tiny_configs()
-    # open_clip warns "initialized randomly" of any model built without weights; here that is
-    # the point, and the warning would mislead an export's reader.
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with torch.device("meta"):
-            return open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta", **kwargs)
-    finally:
-        logging.disable(previous)
+    with _no_random_init_warning(), torch.device("meta"):
+        return open_clip.create_model(name, pretrained=None, pretrained_text=False, device="meta", **kwargs)
 
 
 def state_dict_shapes(name: str, loss: str = "clip") -> Dict[str, torch.Size]:

@@ -1,12 +1,14 @@
 """`infcl-ds` dispatch: a group word (bench, data) alone or with --help lists its subcommands;
 an unknown subcommand of a group is one line naming the valid ones; the benchmarks run from the
 checkout (tests/test_resources.py: an installed wheel has none and says so)."""
+import argparse
 import os
 import subprocess
 import sys
 
 import pytest
 
+from cli_parsers import parsers_run
 from infcl_ds.cli import COMMANDS, main
 
 GROUPS = {"bench": ["loss", "ring", "train", "data"], "data": ["digits", "check", "photos"]}
@@ -46,3 +48,29 @@ def test_bench_runs_the_checkouts_benchmarks_from_any_directory(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: infcl-ds bench loss"), done.stdout
+
+
+def parsers_of(name: str, monkeypatch) -> list:
+    """Every parser of ``infcl-ds NAME``: a dispatching parser without -h (``bench loss``'s
+    ``--loss``) is followed into each of its choices' own parser."""
+    seen = parsers_run([*name.split(), "--help"], monkeypatch)
+    for dispatcher in [parser for parser in seen if not parser.add_help]:
+        for action in dispatcher._actions:
+            for choice in action.choices or ():
+                seen += parsers_run([*name.split(), action.option_strings[0], choice, "--help"], monkeypatch)
+    return seen
+
+
+# Commands whose modules still have options without help (strict: the mark goes once they have it).
+HELP_MISSING = {"plan", "data check", "data photos"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="options without help"))
+                                  if name in HELP_MISSING else name for name in COMMANDS])
+def test_every_option_of_every_command_has_help(name, monkeypatch):
+    parsers = parsers_of(name, monkeypatch)
+    assert any(parser.add_help for parser in parsers), f"infcl-ds {name} parsed nothing with -h"
+    missing = sorted({f"{parser.prog} {'/'.join(action.option_strings) or action.dest}"
+                      for parser in parsers for action in parser._actions
+                      if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()})
+    assert not missing, f"options without help: {missing}"

@@ -1,12 +1,13 @@
 """The shipped tiny configs are open_clip models: registered once, created from scratch with
 a reproducible seed, and described by model_info for the data pipeline."""
 import json
+import logging
 
 import open_clip
 import pytest
 import torch
 
-from infcl_ds.models import (CONFIG_DIR, create_model, get_tokenizer, model_info, register_tiny_configs,
+from infcl_ds.models import (CONFIG_DIR, create_model, get_tokenizer, meta_model, model_info, register_tiny_configs,
                              state_dict_shapes)
 
 TINY_NAMES = ["infcl-tiny", "infcl-tiny-digits"]
@@ -55,3 +56,17 @@ def test_state_dict_shapes_match_a_real_model():
     model = create_model("infcl-tiny")
     assert state_dict_shapes("infcl-tiny") == {k: v.shape for k, v in model.state_dict().items()}
     assert state_dict_shapes("infcl-tiny")["logit_scale"] == torch.Size([])
+
+
+@pytest.mark.parametrize("build", [lambda: create_model("infcl-tiny"), lambda: meta_model("infcl-tiny")])
+def test_no_initialized_randomly_warning(build, caplog):
+    # Eval and export load a checkpoint into the model right after: open_clip's warning that no
+    # pretrained weights were loaded would say the checkpoint was not used.
+    filters = list(logging.root.filters)
+    with caplog.at_level(logging.INFO):
+        build()
+        logging.warning("another warning still shows")
+    messages = [record.getMessage() for record in caplog.records]
+    assert not [m for m in messages if "initialized randomly" in m], messages
+    assert "another warning still shows" in messages
+    assert logging.root.filters == filters  # only while the model is built

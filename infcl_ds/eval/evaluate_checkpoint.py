@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", required=True, help="RUN/, RUN/checkpoints or RUN/checkpoints/<tag>")
     parser.add_argument("--data", required=True, help="eval split directory")
     parser.add_argument("--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
-    parser.add_argument("--batch-size", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="samples per forward pass (default 256)")
     parser.add_argument("--out", default=None, help="also write the metrics to this JSON file")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ timeout the group was created with, whatever ``set_timeout`` says later.
 """
 import math
 import os
+import warnings
 from datetime import timedelta
 from typing import Optional
 
@@ -93,6 +94,24 @@ def collective_timeout_s(minutes: Optional[float] = None) -> float:
     return 60.0 * (parse_timeout_minutes(text) if text is not None else DEFAULT_TIMEOUT_MIN)
 
 
+def ignore_deepspeeds_deprecated_calls() -> None:
+    """DeepSpeed's ZeRO gathers with ``torch.distributed.all_gather_into_tensor``, which newer
+    torch deprecates (FutureWarning, two lines on every rank of every run): nothing the user or
+    this package can change, so that one warning is not shown."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
+
+
+def _set_default_group_timeout(timeout: timedelta) -> None:
+    """The joined default group's collective timeout. ``torch.distributed.set_timeout`` where
+    torch has it: its older private name warns (FutureWarning) on every rank of newer torch."""
+    set_timeout = getattr(torch.distributed, "set_timeout", None)
+    if set_timeout is None:  # torch before set_timeout was public
+        from torch.distributed import distributed_c10d
+        set_timeout = distributed_c10d._set_pg_timeout
+    set_timeout(timeout)
+
+
 def _timeout_for_later_groups(timeout: timedelta) -> None:
     """torch gives a group created without a timeout its module default (30 min), read when
     the group is made: set it to ours, for DeepSpeed's new_group() calls."""
@@ -115,6 +134,7 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs) with the collective timeout
     (``collective_timeout_s()`` unless given); returns this rank's device."""
     make_timeout_env_importable()
+    ignore_deepspeeds_deprecated_calls()
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # a timed-out NCCL rank exits
     # ...at once: after a timeout torch's watchdog waits this long for its debug dump before
     # taking the process down (60 s by default, which doubled a one-minute timeout).
@@ -145,7 +165,7 @@ def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
                                "taken by another process: pick a free port (the launcher's --master_port, or "
                                "MASTER_PORT)") from None
         raise
-    torch.distributed.distributed_c10d._set_pg_timeout(timeout)  # the default group, once joined
+    _set_default_group_timeout(timeout)  # the default group, once joined
     _timeout_for_later_groups(timeout)
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 
