@@ -62,11 +62,7 @@ def parsers_of(name: str, monkeypatch) -> list:
 
 
 # Commands whose modules still have options without help (strict: the mark goes once they have it).
-HELP_MISSING = {"plan", "data check", "data photos"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="options without help"))
-                                  if name in HELP_MISSING else name for name in COMMANDS])
+@pytest.mark.parametrize("name", COMMANDS)
 def test_every_option_of_every_command_has_help(name, monkeypatch):
     parsers = parsers_of(name, monkeypatch)
     assert any(parser.add_help for parser in parsers), f"infcl-ds {name} parsed nothing with -h"

@@ -153,8 +153,9 @@ def check_image(path: Path, line: int, name: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     from ..config import RecipeError, load_recipe
     p = argparse.ArgumentParser(prog="infcl-ds data check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--config", required=True, help="the recipe (YAML) whose data to check")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe override, as for training (repeatable)")
     args = p.parse_args(argv)
     try:
         print(f"data: {check_recipe_data(load_recipe(args.config, args.set))}")

@@ -108,13 +108,13 @@ def make_photo_shards(out, samples: int, shard_size: int, *, seed: int = 0, phot
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="infcl-ds data photos", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--samples", type=int, default=100_000)
-    p.add_argument("--shard-size", type=int, default=5_000)
+    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument("--samples", type=int, default=100_000, help="images written (default 100000)")
+    p.add_argument("--shard-size", type=int, default=5_000, help="samples per shard (default 5000)")
     p.add_argument("--photos", type=Path, default=None, help="a folder of source images (default: bundled ones)")
-    p.add_argument("--quality", type=int, default=90)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the images made (default 0)")
+    p.add_argument("--workers", type=int, default=None, help="encoding processes (default: the CPU count)")
     args = p.parse_args(argv)
     try:
         summary = make_photo_shards(args.out, args.samples, args.shard_size, seed=args.seed, photos=args.photos,
