@@ -45,6 +45,15 @@ if [ -z "${VIRTUAL_ENV:-}" ] && [ -x "$root/.venv/bin/python" ]; then
   export PATH="$root/.venv/bin:$PATH"
 fi
 
+# Ranks launched on this node (no hostfile) run on its CPUs where it has no CUDA GPU: said once
+# here, so that the planner plans CPU ranks (cores, host memory, gloo) and DeepSpeed does not
+# have to guess. A hostfile's nodes may have GPUs this one lacks (a login node): left alone.
+if [ -z "$hostfile" ] && [ -z "${DS_ACCELERATOR:-}" ] &&
+   ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  export DS_ACCELERATOR=cpu
+  echo "train.sh: no CUDA GPU on this node: the ranks run on its CPUs (DS_ACCELERATOR=cpu)" >&2
+fi
+
 # The data paths first: a typo fails here, not after every rank has built its engine.
 python -m infcl_ds.cli data check --config "$recipe" ${trainer_sets[@]+"${trainer_sets[@]}"} || exit 2
 

@@ -145,6 +145,20 @@ def test_train_sh_refuses_what_the_planner_refuses(tmp_path):
     assert not (tmp_path / "runs").exists()  # the recipe's output_dir: nothing was launched
 
 
+def test_train_sh_on_a_node_without_gpus_plans_cpu_ranks(tmp_path):
+    """Without DS_ACCELERATOR (a fresh shell) on a node with no CUDA GPU, train.sh says the ranks
+    run on the CPUs and its planner plans CPU ranks, not GPUs this node does not have."""
+    recipe = ROOT / "ds_configs" / "recipes" / "vit-l14-256k-8gpu.yaml"
+    command = [ROOT / "launch" / "train.sh", recipe, "--num_gpus", "8", "--set", "batch.chunk=1024",
+               "--set", "data.source=synthetic", "--set", "data.eval=null"]
+    env = {k: v for k, v in environment().items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([str(c) for c in command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert "the ranks run on its CPUs (DS_ACCELERATOR=cpu)" in proc.stderr
+    assert proc.returncode == 1 and "the ranks' tensors" in proc.stdout and "NVLink" not in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
 def test_missing_data_fails_before_launch(tmp_path):
     """launch/train.sh checks the recipe's data paths on the launching node (infcl-ds data
     check): a missing shard is refused in seconds with its name, before DeepSpeed starts."""
