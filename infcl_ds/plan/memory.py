@@ -96,20 +96,23 @@ def deepspeed_zero_config(zero: dict):
     return DeepSpeedZeroConfig(**zero)
 
 
-def zero_buffer_bytes(zero: dict, elem: int, params: int = 0, world: int = 1) -> int:
+def zero_buffer_bytes(zero: dict, elem: int, params: int = 0, world: int = 1, resident: bool = False) -> int:
     """DeepSpeed's gradient-reduction buffers, `zero` read as DeepSpeed reads it. ZeRO-1/2 with
     contiguous gradients: reduce_bucket_size elements per bucket, two with overlap_comm
     (double buffering), allocated whole whatever the model's size, and the rank's gradient
     partition (P / W elements) the reduced gradients are copied into; both only at the
     step's one coalesced reduction (module docstring). ZeRO-3: the reduce buckets and the
-    prefetch bucket, counted throughout (not measured)."""
+    prefetch bucket, counted throughout (not measured). `resident`: what a CPU rank's memory
+    holds of them: the host commits a bucket's pages as gradients are written into it, so a
+    bucket larger than the model's gradients holds only those."""
     if zero.get("stage", 0) == 0:
         return 0
     config = deepspeed_zero_config(zero)
     if not config.contiguous_gradients:
         return 0
     buckets = 2 if config.overlap_comm else 1
-    total = buckets * int(config.reduce_bucket_size) * elem
+    bucket = min(int(config.reduce_bucket_size), params) if resident and params else int(config.reduce_bucket_size)
+    total = buckets * bucket * elem
     if config.stage == 3:
         total += int(config.prefetch_bucket_size) * elem
     else:
@@ -159,7 +162,9 @@ class GpuMemory:
         return self.peak - (self.components[RUNTIME] if RUNTIME in self.phases[self.peak_phase] else 0)
 
 
-def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
+def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int, on_cpu: bool = False) -> GpuMemory:
+    """Bytes per rank by component and phase; `on_cpu`: the ranks' tensors in host memory, where
+    the untouched part of a ZeRO bucket takes no memory (zero_buffer_bytes)."""
     elem = DTYPE_BYTES[recipe.precision.dtype]
     local = recipe.local_batch(world)
     stage = recipe.zero.stage
@@ -167,7 +172,7 @@ def gpu_memory(model: ModelEstimate, recipe: Recipe, world: int) -> GpuMemory:
     components = model_state_bytes(model.params, recipe.precision.dtype, stage, world,
                                    recipe.precision.grad_accum_fp32)
     components.update({
-        ZERO_BUFFERS: zero_buffer_bytes(zero, elem, model.params, world),
+        ZERO_BUFFERS: zero_buffer_bytes(zero, elem, model.params, world, resident=on_cpu),
         RUNTIME: GPU_RUNTIME_RESERVE,
         ACTIVATIONS: int(model.activation_bytes(recipe.batch.chunk, elem, recipe.model.grad_checkpointing)),
         FEATURES: feature_bytes(local, model.embed_dim, elem),

@@ -169,7 +169,7 @@ def assess(recipe: Recipe, gpus: int, gpu_memory_bytes: int, gpus_per_node: int,
     check_world(recipe, gpus)
     model = model or estimate(recipe.model.name)
     local = recipe.local_batch(gpus)
-    gpu = mem.gpu_memory(model, recipe, gpus)
+    gpu = mem.gpu_memory(model, recipe, gpus, on_cpu=gpu_memory_bytes == 0)
     image_bytes, image_bytes_source = image_bytes_per_sample(recipe.data)
     host = mem.host_memory(model, recipe, gpus, gpus_per_node, image_bytes)
     time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)

@@ -379,3 +379,16 @@ def test_cpu_ranks_hold_their_tensors_in_host_memory_the_one_limit(rates):
     tight = make_plan(tiny(), 2, 0, 8, plan.host_bytes - 1, cores=2, rates=rates)
     assert not tight.fits and tight.verdict.startswith("does not fit: host memory per node needs")
     assert all("GPU" not in remedy and "offload" not in remedy for remedy in tight.remedies), tight.remedies
+
+
+def test_a_cpu_ranks_zero_buckets_hold_only_the_gradients_written_into_them():
+    """On a GPU a bucket is allocated whole; on a CPU rank the host commits only the pages the
+    gradients fill: a model smaller than the bucket holds its gradients' size, twice with
+    overlap_comm, beside its gradient partition."""
+    from infcl_ds.plan.memory import zero_buffer_bytes
+    zero = {"stage": 2, "contiguous_gradients": True, "overlap_comm": True, "reduce_bucket_size": 5e8}
+    params, world = 1_600_000, 4
+    assert zero_buffer_bytes(zero, 4, params, world) == 2 * 500_000_000 * 4 + params // world * 4
+    assert zero_buffer_bytes(zero, 4, params, world, resident=True) == 2 * params * 4 + params // world * 4
+    big = 2_000_000_000
+    assert zero_buffer_bytes(zero, 4, big, world, resident=True) == zero_buffer_bytes(zero, 4, big, world)
