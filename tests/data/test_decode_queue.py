@@ -22,7 +22,6 @@ from data_section import data_section
 from encoded_shards import (IMAGE_SIZE, SAMPLES, announce_both_passes, both_passes, chunks_of, first_batch,  # noqa: F401
                             in_process, photo_jpeg, pool_data, shard, tokenizer, wait_until)
 from infcl_ds.data import DataError, build_train_data, decode_queue
-from infcl_ds.data.decode_pool import DecodePool
 from infcl_ds.data.decode_queue import DecodeQueue, DecodeStopped
 from infcl_ds.data.device_lane import DeviceLane
 
@@ -345,38 +344,6 @@ def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
     lane.close()
     with pytest.raises(DataError, match="was closed"):
         lane.take(0, 16, 24)
-
-
-class CopyEvent:
-    """A device copy's event as the pool's releaser sees it: synchronize() returns once done."""
-
-    def __init__(self):
-        self.done, self.waited = threading.Event(), threading.Event()
-
-    def synchronize(self):
-        self.waited.set()
-        self.done.wait()
-
-
-def test_a_slot_released_behind_a_device_copy_is_freed_when_the_copy_completes():
-    """The releaser thread waits for each copy in turn (no polling: it sleeps in synchronize) and
-    only then gives the slot back."""
-    pool = DecodePool(None, workers=1, window_rows=32, image_shape=(3, 4, 4))
-    try:
-        first, second = pool._free.popleft(), pool._free.popleft()  # two taken pieces' slots
-        copies = [CopyEvent(), CopyEvent()]
-        pool._release(first, copies[0])
-        pool._release(second, copies[1])
-        assert copies[0].waited.wait(5)
-        time.sleep(0.1)
-        assert first not in pool._free and second not in pool._free
-        copies[0].done.set()
-        wait_until(lambda: first in pool._free)
-        assert second not in pool._free
-        copies[1].done.set()
-        wait_until(lambda: second in pool._free)
-    finally:
-        pool.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the pool's page-locked window and device copies need CUDA")

@@ -27,12 +27,17 @@ from test_export import NAME, TAG, _labelled_set, _train_and_save
 STATES = "mp_rank_00_model_states.pt"
 
 
+def trained_run(tmp_path_factory, name: str, stage: int) -> Path:
+    """A run directory holding the tiny model's recipe and a checkpoint saved under ZeRO `stage`."""
+    run_dir = tmp_path_factory.mktemp(name)
+    (run_dir / "recipe.yaml").write_text(f"model:\n  name: {NAME}\n")
+    run_ranks(_train_and_save, 1, stage, str(run_dir / "checkpoints"))
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    (run_dir / "recipe.yaml").write_text(f"model:\n  name: {NAME}\n")
-    run_ranks(_train_and_save, 1, 0, str(run_dir / "checkpoints"))
-    return run_dir
+    return trained_run(tmp_path_factory, "run", 0)
 
 
 @pytest.fixture
@@ -161,10 +166,7 @@ OPTIM, SECOND_OPTIM = "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank
 
 @pytest.fixture(scope="module")
 def zero2_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run_zero2")
-    (run_dir / "recipe.yaml").write_text(f"model:\n  name: {NAME}\n")
-    run_ranks(_train_and_save, 1, 2, str(run_dir / "checkpoints"))
-    return run_dir
+    return trained_run(tmp_path_factory, "run_zero2", 2)
 
 
 @contextlib.contextmanager
