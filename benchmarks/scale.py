@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .common import REPO, Job, cmdline, free_port, job_environment, session_pids, state_of, write_rows
+from .proc_cpu import busiest_threads, children_cpu_s, thread_cpu_s
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 GPU_RECIPE = REPO / "ds_configs" / "recipes" / "vit-b16-1m-8gpu.yaml"
@@ -239,7 +240,8 @@ def sampler_class():
             self.gpu_busy: Dict[int, List[float]] = {}  # nvidia-smi's utilization.gpu, every period
             self.sm_mhz: Dict[int, float] = {}          # the lowest SM clock seen (throttling)
             self.rank_cpu_s: Dict[int, float] = {}      # each trainer process's CPU seconds so far
-            self.readings: List[tuple] = []             # (time, the GPUs' mean busy %, rank 0's CPU s)
+            # (time, the GPUs' mean busy %, rank 0's CPU s, its children's CPU s, its threads' (thread_cpu_s))
+            self.readings: List[tuple] = []
             super().__init__(0, period_s=period_s)
 
         def _pids(self) -> List[int]:
@@ -267,7 +269,11 @@ def sampler_class():
                     self.sm_mhz[index] = min(self.sm_mhz.get(index, clock), clock)
             self._note_rank_cpu()
             busy = [b[-1] for b in self.gpu_busy.values()]
-            self.readings.append((time.monotonic(), sum(busy) / len(busy) if busy else None, self.rank_cpu_s.get(0)))
+            rank0 = self.ranks.get(0)
+            threads = thread_cpu_s(rank0) if rank0 is not None else {}
+            children = children_cpu_s(self.psutil, rank0) if rank0 is not None else None
+            self.readings.append((time.monotonic(), sum(busy) / len(busy) if busy else None, self.rank_cpu_s.get(0),
+                                  children, threads))
             return super()._sample()
 
         def _note_rank_cpu(self) -> None:
@@ -376,22 +382,30 @@ def watched(sampler, wall_s: float, span_s: float = 5.0) -> dict:
     and the first step included) each GPU's mean busy share, its lowest SM clock and the cores
     each trainer process kept busy; and a timeline, every `span_s`, of [seconds since the start,
     the GPUs' mean busy share, the cores rank 0's trainer process kept busy], which says whether
-    a slow step waited on the GPU or on the host."""
+    a slow step waited on the GPU or on the host, then the cores rank 0's child processes (decode
+    processes, data readers) kept busy and rank 0's busiest threads (proc_cpu.busiest_threads)."""
     timeline, start = [], sampler.readings[0][0] if sampler.readings else 0.0
     bucket = []
     for reading in sampler.readings:
         bucket.append(reading)
         if reading[0] - bucket[0][0] >= span_s:
-            busy = [b for _, b, _ in bucket if b is not None]
-            cpu = [(t, c) for t, _, c in bucket if c is not None]
-            cores = (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0]) if len(cpu) > 1 else None
+            first, last = bucket[0], bucket[-1]
+            busy = [r[1] for r in bucket if r[1] is not None]
             timeline.append([round(reading[0] - start, 1), round(sum(busy) / len(busy) / 100, 3) if busy else None,
-                             round(cores, 2) if cores is not None else None])
+                             _rate(first[0], first[2], last[0], last[2]), _rate(first[0], first[3], last[0], last[3]),
+                             busiest_threads(first[4], last[4], last[0] - first[0])])
             bucket = [reading]
     return {"gpu_busy_share": {str(i): round(sum(b) / len(b) / 100, 3) for i, b in sorted(sampler.gpu_busy.items())},
             "sm_mhz_min": {str(i): c for i, c in sorted(sampler.sm_mhz.items())},
             "rank_cores": {str(r): round(c / wall_s, 2) for r, c in sorted(sampler.rank_cpu_s.items())},
             "busy_timeline": timeline}
+
+
+def _rate(t0: float, v0: Optional[float], t1: float, v1: Optional[float]) -> Optional[float]:
+    """CPU seconds per second between two readings (None where either is missing)."""
+    if v0 is None or v1 is None or t1 <= t0:
+        return None
+    return round((v1 - v0) / (t1 - t0), 2)
 
 
 def limit_s(part: Part, setup: Setup, steps: int) -> float:
@@ -463,6 +477,8 @@ def step_figures(steps: List[dict], batch: int) -> dict:
                          for name in ("encode", "loss", "reencode", "optimizer") if all(f"{name}_s" in s for s in timed)},
             # one decode process's rows per second of its own time (rank 0's): the planner's rate here
             "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
+            # the share of each timed step rank 0's decode processes spent decoding (near 1: they bind)
+            "decode_busy_shares": [round(s["decode_busy_share"], 3) for s in timed if "decode_busy_share" in s],
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}
 
 

@@ -16,7 +16,8 @@ timeout.
 
 Threads and processes:
 - workers: forked when the pool is built (before any batch exists: sampler.SettableSampler says
-  why), each with its own pipe; a worker decodes one piece at a time into the slot it was given.
+  why), each with its own pipe, niced below the rank (DECODE_NICENESS); a worker decodes one
+  piece at a time into the slot it was given.
 - the dispatcher thread (started at the first announcement, after every fork of the build):
   sends each idle worker the queue's next piece while a slot is free, hands results back to the
   queue, and notices dead workers.
@@ -32,6 +33,7 @@ import mmap
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -53,6 +55,12 @@ DECODE_PIECE_ROWS = 32
 _PARENT_CHECK_S = 5.0
 # Seconds close() gives the workers to leave before they are killed.
 _JOIN_S = 5.0
+# Added to a decode process's niceness. The pool keeps about one process per core of the rank's
+# share busy, so the training process's threads (the one driving the GPU, the pool's dispatcher)
+# compete with them for every core; at equal priority each wake-up of those threads can wait a
+# scheduler's slice behind a decode and the GPU idles. Niced, the decoders yield to them at once and
+# lose only the time those threads really use.
+DECODE_NICENESS = 10
 
 
 def window_slots(window_rows: int, workers: int) -> int:
@@ -66,6 +74,7 @@ def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
     pipe closes or the rank is gone. Errors in a piece go back as text: the pool goes on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle: it stops us
     torch.set_num_threads(1)  # one core per worker: the pool is the parallelism
+    os.nice(DECODE_NICENESS)
     while True:
         try:
             if not conn.poll(_PARENT_CHECK_S):
@@ -118,7 +127,7 @@ class DecodePool:
         # MAP_SHARED | MAP_ANONYMOUS: inherited by the forked workers, freed with the last of them.
         self._map = mmap.mmap(-1, nbytes)
         self.arena = torch.frombuffer(self._map, dtype=torch.uint8).view(slots, DECODE_PIECE_ROWS, *image_shape)
-        self.nbytes, self._pinned = nbytes, False
+        self.nbytes, self._pinned = nbytes, None  # page-locked? None: not tried yet
         # Slots appended from any thread and popped by the dispatcher alone: deque's appends and
         # pops are atomic, so neither needs a lock (nor can the queue's lock wait on one).
         self._free = deque(range(slots))
@@ -160,8 +169,12 @@ class DecodePool:
     def take(self, batch_id: int, lo: int, hi: int, pin: bool = False) -> Optional[Decoded]:
         """The queue's piece [lo, hi) of the batch in its slot (DecodeQueue.take; None: not
         announced, the caller decodes it itself). `pin`: page-lock the window first."""
-        if pin and not self._pinned:
+        if pin and self._pinned is None:  # tried once: a refusal is not retried at every take
             self._pinned = register_pinned(self.arena)  # page-locked: copies overlap compute
+            if not self._pinned:
+                print(f"infcl-ds: warning: the decode window ({self.nbytes / 2**30:.2f} GiB) could not be "
+                      "page-locked (cudaHostRegister refused; a memlock limit?): each copy from it to the GPU "
+                      "waits for the GPU's earlier work, so the host cannot run ahead of it", file=sys.stderr, flush=True)
         piece = self.queue.take(batch_id, lo, hi)
         return None if piece is None else Decoded(self, piece)
 

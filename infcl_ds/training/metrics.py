@@ -4,6 +4,7 @@ Only rank 0 writes. On resume the CSV keeps the rows up to the checkpoint's step
 the ones a killed run logged after it, so the file reads as one uninterrupted run.
 """
 import csv
+import time
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -13,7 +14,7 @@ from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
            "encode_s", "loss_s", "reencode_s", "optimizer_s", "batch_wait_s", "decode_wait_s",
-           "decode_rows_per_process_s", "host_bytes_per_sample", "graphs_compiled"]
+           "decode_rows_per_process_s", "decode_busy_share", "host_bytes_per_sample", "graphs_compiled"]
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -32,13 +33,20 @@ class PoolRate:
     def __init__(self, decoder):
         self._decoder = decoder
         self._last = decoder.pool_rate() if decoder is not None else (0, 0.0)
+        self._clock = time.perf_counter()
+        self.busy_share: Optional[float] = None  # of the interval of the last since_last
 
     def since_last(self) -> Optional[float]:
         if self._decoder is None:
             return None
-        now = self._decoder.pool_rate()
+        now, clock = self._decoder.pool_rate(), time.perf_counter()
         rows, seconds = now[0] - self._last[0], now[1] - self._last[1]
-        self._last = now
+        workers = len(self._decoder.pids)
+        # The share of the interval the decode processes spent decoding: near 1, decoding is what
+        # the step waits on, whatever decode_wait_s says (the engine may have been slowed rather
+        # than stopped); well below, they waited for a free slot in the window.
+        self.busy_share = seconds / (workers * (clock - self._clock)) if workers and clock > self._clock else None
+        self._last, self._clock = now, clock
         return rows / seconds if seconds > 0 else None
 
 

@@ -239,6 +239,7 @@ class Trainer:
                        **{f"{name}_s": seconds for name, seconds in self.engine.phases.times().items()},
                        "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
+                       "decode_busy_share": pool.busy_share,
                        "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.

@@ -37,3 +37,34 @@ def test_a_slot_released_behind_a_device_copy_is_freed_when_the_copy_completes()
         wait_until(lambda: second in pool._free)
     finally:
         pool.close()
+
+
+def test_a_window_that_cannot_be_page_locked_is_tried_once_and_said(monkeypatch, capsys):
+    """Where CUDA refuses to page-lock the window (a memlock limit), the pool says so once and
+    copies from pageable memory; it does not try again at every take."""
+    import infcl_ds.data.decode_pool as decode_pool
+    calls = []
+    monkeypatch.setattr(decode_pool, "register_pinned", lambda tensor: calls.append(tensor.numel()) or False)
+    pool = DecodePool(None, workers=1, window_rows=32, image_shape=(3, 4, 4))
+    try:
+        for _ in range(3):
+            assert pool.take(batch_id=0, lo=0, hi=32, pin=True) is None  # nothing announced
+        assert calls == [pool.arena.numel()]
+        err = capsys.readouterr().err
+        assert err.count("could not be page-locked") == 1 and "memlock" in err
+    finally:
+        pool.close()
+
+
+def test_decode_processes_yield_the_cores_to_the_training_process():
+    """The workers run at a lower priority than the rank (DECODE_NICENESS): its GPU-driving
+    thread is never queued behind a decode."""
+    import os
+    from infcl_ds.data.decode_pool import DECODE_NICENESS
+    pool = DecodePool(None, workers=2, window_rows=32, image_shape=(3, 4, 4))
+    try:
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_until(lambda: all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + DECODE_NICENESS)
+                               for pid in pool.pids))
+    finally:
+        pool.close()
