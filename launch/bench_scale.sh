@@ -4,10 +4,12 @@
 # session of their own, so that a run longer than one command goes on between commands:
 #   bash launch/bench_scale.sh start PART...   # install carried wheels (.whl/), then start
 #   bash launch/bench_scale.sh wait SECONDS    # wait up to SECONDS; rows, plot and log into $OUT
-# The four-GPU runs, back to back on one warm 4-GPU host (about 4, 14, 10 and 6 minutes: the
-# baseline, then the paper's per-GPU load, then the 1M run and its checkpoint on two GPUs):
-#   HOST_MEMORY=500GiB bash launch/bench_scale.sh start four-gpu-128k four-gpu-2m four-gpu-1m resume-two-gpu-1m
-#   bash launch/bench_scale.sh wait 560    # repeated until it says the run has ended
+# The four-GPU runs on one warm 4-GPU host, as two sets of about 22 and 20 minutes: the baseline,
+# the 1M run and its checkpoint on two GPUs (about 5, 10 and 7 minutes); the baseline again and the
+# paper's per-GPU load (about 5 and 15):
+#   HOST_MEMORY=500GiB bash launch/bench_scale.sh start four-gpu-128k four-gpu-1m resume-two-gpu-1m
+#   HOST_MEMORY=500GiB bash launch/bench_scale.sh start four-gpu-128k four-gpu-2m
+#   bash launch/bench_scale.sh wait 540    # repeated until it says the run has ended
 # HOST_MEMORY: the host's memory for the planner and every rank's own plan (train.sh --host-memory),
 # where MemTotal is not it (a VM whose memory grows as it is used reads far less at the start).
 # Shards are made once per host under $SHARDS; runs and logs go under $WORK.
@@ -37,5 +39,5 @@ case ${1:-} in
     python3 -m benchmarks.scale --start "$@" "${common[@]}" ;;
   wait)
     python3 -m benchmarks.scale --wait "${2:?seconds}" "${common[@]}" ;;
-  *) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
