@@ -61,7 +61,8 @@ def test_four_ranks_and_their_last_checkpoint_resumed_on_two(tmp_path):
         assert {"decode_wait_5pct", "step_within_10pct", "host_within_10pct"} <= set(row["checks"])
     assert run["world"] == 4 and run["steps"] == [1, 2, 3] and run["checks"]["steady_steps_2"]
     assert run["decode_rows_per_process_s"] > 0  # the pool's own rate, from metrics.csv
-    assert len(run["decode_busy_shares"]) == 2 and all(0 < b <= 1.05 for b in run["decode_busy_shares"])
+    # a piece counts in the step it ends in, so a short step's share may pass 1 by part of a piece
+    assert len(run["decode_busy_shares"]) == 2 and all(0 < b < 1.5 for b in run["decode_busy_shares"])
     # where a step's time went: the engine's phases (on CPU ranks the host's clock) within the step,
     # and the waits for the next batch and for decoded rows
     assert set(run["phases_s"]) == {"encode", "loss", "reencode", "optimizer"}

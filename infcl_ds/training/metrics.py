@@ -44,7 +44,8 @@ class PoolRate:
         workers = len(self._decoder.pids)
         # The share of the interval the decode processes spent decoding: near 1, decoding is what
         # the step waits on, whatever decode_wait_s says (the engine may have been slowed rather
-        # than stopped); well below, they waited for a free slot in the window.
+        # than stopped); well below, they waited for a free slot in the window. A piece counts when
+        # it is done, so a short interval's share can pass 1 by part of a piece.
         self.busy_share = seconds / (workers * (clock - self._clock)) if workers and clock > self._clock else None
         self._last, self._clock = now, clock
         return rows / seconds if seconds > 0 else None
