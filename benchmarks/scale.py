@@ -402,8 +402,9 @@ def watched(sampler, wall_s: float, span_s: float = 5.0) -> dict:
 
 
 def _rate(t0: float, v0: Optional[float], t1: float, v1: Optional[float]) -> Optional[float]:
-    """CPU seconds per second between two readings (None where either is missing)."""
-    if v0 is None or v1 is None or t1 <= t0:
+    """CPU seconds per second between two readings (None where either is missing, or where the
+    total fell: processes that exit take their CPU seconds with them)."""
+    if v0 is None or v1 is None or t1 <= t0 or v1 < v0:
         return None
     return round((v1 - v0) / (t1 - t0), 2)
 
