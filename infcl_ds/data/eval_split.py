@@ -10,11 +10,11 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
 from ..shown import shown
-from .batch import normalize
+from .decoding.batch import normalize
+from .decoding.transforms import uint8_image_transform
 from .errors import DataError
-from .samples import SkipSample
-from .transforms import uint8_image_transform
-from .webdataset_source import TarSource
+from .sources.samples import SkipSample
+from .sources.webdataset_source import TarSource
 
 
 def labelled_split(spec) -> Tuple[TarSource, dict]:

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 from ..config.recipe import DataSection
 from ..resources import read_json
-from .decode_pool import DECODE_PIECE_ROWS, window_slots
+from .decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
 from .errors import DataError
 
 _OVERHEADS = read_json("calibration", "overheads.json")
@@ -92,8 +92,8 @@ def image_bytes_per_sample(data: DataSection) -> Tuple[int, str]:
     if data.image_bytes:
         return data.image_bytes, "data.image_bytes"
     if data.source == "webdataset" and data.train:
-        from .tar_index import IMAGE, TarIndex
-        from .webdataset_source import expand_shards
+        from .sources.tar_index import IMAGE, TarIndex
+        from .sources.webdataset_source import expand_shards
         try:
             shards = expand_shards(data.train)[:SHARDS_SAMPLED]
             sizes = TarIndex(shards).spans[:, IMAGE, 1]

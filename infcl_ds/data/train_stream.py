@@ -10,15 +10,15 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
 from ..config.recipe import DataSection
-from .batch import HostBatch
-from .encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
+from .decoding.batch import HostBatch
+from .decoding.encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
+from .decoding.pinned import pinned_empty
+from .decoding.transforms import transform_image, uint8_image_transform
 from .errors import DataError
 from .footprint import WORKER_PREFETCH_FACTOR, device_window_rows, host_kept_rows, kept_rows, pool_window_rows
-from .pinned import pinned_empty
-from .sampler import SettableSampler, rank_batches, require_steps, start_workers, stop_workers
-from .samples import load_or_replace
-from .sources import build_source
-from .transforms import transform_image, uint8_image_transform
+from .sources.from_recipe import build_source
+from .sources.sampler import SettableSampler, rank_batches, require_steps, start_workers, stop_workers
+from .sources.samples import load_or_replace
 
 
 class TrainDataset(Dataset):

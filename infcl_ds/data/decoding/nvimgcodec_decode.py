@@ -20,8 +20,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .decode_pieces import JPEG_MAGIC, by_pil_where_missing
-from .errors import DataError
 
 EXTRA = "gpu-decode"
 # The data.decoder values that decode on the GPU, with data.gpu_jpeg_library's library.

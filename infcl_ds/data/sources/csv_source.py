@@ -1,31 +1,14 @@
-"""The recipe's `data` section -> a source (samples.py says what a source is): WebDataset shards
-(webdataset_source.py), a CSV of image paths and captions, or synthetic samples."""
+"""A CSV/TSV of image paths and captions (`data.source: csv`, OpenCLIP's `--dataset-type csv`):
+the reader the trainer and `infcl-ds data check` share, the row checks, and CsvSource."""
 import codecs
 import csv
-import io
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-from PIL import Image
-
-from ..config.recipe import DataSection
-from ..shown import shown
-from .errors import DataError
+from ...shown import shown
+from ..errors import DataError
 from .samples import (MAX_TEXT_BYTES, EncodedSample, Sample, SkipSample, decode_caption, decode_image, read_image_file,
                       require_image_bytes)
-from .webdataset_source import TarSource
-
-def build_source(data: DataSection, image_size: int):
-    """Open the data section's source (its keys and choices checked by the recipe); a problem
-    with its files is a DataError naming the path."""
-    if data.source == "synthetic":
-        return SyntheticSource(data.synthetic_size, image_size)
-    if data.source == "webdataset":
-        return TarSource(data.train)
-    return CsvSource(data.train, img_key=data.csv_img_key, caption_key=data.csv_caption_key,
-                     separator=data.csv_separator)
-
 
 def csv_separator(path: Path, separator=None) -> str:
     """DataError if the CSV does not exist or `separator` is not one character (Python's csv
@@ -237,32 +220,3 @@ class CsvSource:
             raise SkipSample(why)
         caption = decode_caption(self.captions[index])
         return EncodedSample(require_image_bytes(read_image_file(self.root / self.images[index])), caption)
-
-
-class SyntheticSource:
-    """`size` samples (no files), for throughput runs and tests: uniform-noise RGB images
-    (`image_size` square) with captions of random lowercase "words", which the tokenizer turns
-    into random token ids of random length. Sample `index` is a pure function of the index, so
-    any order or resume sees the same data."""
-
-    def __init__(self, size: int, image_size: int):
-        if not isinstance(size, int) or size <= 0:
-            raise DataError(f"synthetic_size must be a positive int, got {shown(size)}")
-        self.size, self.image_size = size, image_size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def load(self, index: int) -> Sample:
-        rng = np.random.default_rng(index)
-        pixels = rng.integers(0, 256, (self.image_size, self.image_size, 3), dtype=np.uint8)
-        words = ("".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9)))
-                 for _ in range(rng.integers(3, 12)))
-        return Sample(Image.fromarray(pixels), " ".join(words))
-
-    def load_encoded(self, index: int) -> EncodedSample:
-        """The same sample as PNG bytes: lossless, so it decodes to `load`'s pixels."""
-        sample = self.load(index)
-        buf = io.BytesIO()
-        sample.image.save(buf, format="PNG", compress_level=1)
-        return EncodedSample(buf.getvalue(), sample.caption)

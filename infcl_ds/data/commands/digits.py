@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..cli_args import ArgumentParser, positive_int, positive_number, whole_number_in
-from ..shown import shown
-from .errors import DataError
+from ...cli_args import ArgumentParser, positive_int, positive_number, whole_number_in
+from ...shown import shown
+from ..errors import DataError
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 

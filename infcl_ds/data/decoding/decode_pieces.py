@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
-from .errors import DataError
-from .samples import SkipSample, decode_image
+from ..errors import DataError
+from ..sources.samples import SkipSample, decode_image
 from .transforms import transform_image
 
 JPEG_MAGIC = b"\xff\xd8"  # how a JPEG file starts: the GPU decoders take these, PIL the rest

@@ -21,8 +21,8 @@ from typing import List, Optional
 import numpy as np
 from PIL import Image, ImageEnhance
 
+from ..errors import DataError
 from .digits import make_output_dir
-from .errors import DataError
 
 SCIKIT_IMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "immunohistochemistry")
 

@@ -22,9 +22,9 @@ from typing import Optional, Tuple
 
 from PIL import Image
 
-from ..file_kind import file_kind
-from ..shown import shown
-from .errors import DataError
+from ...file_kind import file_kind
+from ...shown import shown
+from ..errors import DataError
 
 # A run of unusable samples this long means broken data, not bad luck: fail loudly rather than
 # train on copies of the few readable neighbours.

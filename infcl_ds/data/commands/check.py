@@ -26,16 +26,16 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..shown import shown
-from .errors import DataError
-from .eval_split import find_zeroshot, labelled_split
-from .nvimgcodec_decode import require_gpu_jpeg_library
-from .sampler import require_steps
-from .samples import MAX_IMAGE_BYTES, not_a_sample_file
-from .sources import (ROWS_NAMED, CsvColumns, bad_rows_message, csv_rows, csv_separator, require_columns, require_rows,
-                      scan_utf8)
-from .tar_index import TarIndex, cut_short_message
-from .webdataset_source import expand_shards, shard_index
+from ...shown import shown
+from ..decoding.nvimgcodec_decode import require_gpu_jpeg_library
+from ..errors import DataError
+from ..eval_split import find_zeroshot, labelled_split
+from ..sources.csv_source import (ROWS_NAMED, CsvColumns, bad_rows_message, csv_rows, csv_separator, require_columns,
+                                  require_rows, scan_utf8)
+from ..sources.sampler import require_steps
+from ..sources.samples import MAX_IMAGE_BYTES, not_a_sample_file
+from ..sources.tar_index import TarIndex, cut_short_message
+from ..sources.webdataset_source import expand_shards, shard_index
 
 
 def check_recipe_data(recipe) -> str:
@@ -151,7 +151,7 @@ def check_image(path: Path, line: int, name: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..config import RecipeError, load_recipe
+    from ...config import RecipeError, load_recipe
     p = argparse.ArgumentParser(prog="infcl-ds data check", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="the recipe (YAML) whose data to check")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

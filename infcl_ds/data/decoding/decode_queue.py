@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import DataError
+from ..errors import DataError
 
 # Seconds a rank waits for one decoded piece before it gives up with an error.
 DECODE_TIMEOUT_S = 600

@@ -146,7 +146,7 @@ def resized_crops(images: Sequence[torch.Tensor], boxes: Sequence[Box], size: in
     On CUDA one kernel launch for all (ops/resize.py: the lane's launches wait behind the
     towers' in the GPU's queue); on the CPU `resized_crops_torch`, which is also its reference."""
     if images and images[0].is_cuda:
-        from ..ops.resize import resized_crops_kernel  # Triton: not imported by the CPU's decode processes
+        from ...ops.resize import resized_crops_kernel  # Triton: not imported by the CPU's decode processes
         return resized_crops_kernel(images, boxes, size)
     return resized_crops_torch(images, boxes, size)
 

@@ -43,8 +43,8 @@ from typing import List, Optional
 
 import torch
 
+from ..errors import DataError
 from .decode_queue import DecodeQueue, Piece
-from .errors import DataError
 from .pinned import register_pinned
 
 # Rows per decode task: small enough that a chunk spreads over the pool and the first piece is

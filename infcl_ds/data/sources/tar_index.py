@@ -23,8 +23,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
-from ..shown import shown
-from .errors import DataError
+from ...shown import shown
+from ..errors import DataError
 from .samples import MAX_IMAGE_BYTES, MAX_TEXT_BYTES, SkipSample
 
 IMAGE, TEXT, LABEL = range(3)

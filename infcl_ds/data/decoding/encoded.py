@@ -23,15 +23,15 @@ import torch
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import Dataset
 
-from ..shown import shown
+from ...shown import shown
+from ..errors import DataError
+from ..sources.samples import load_or_replace
 from .batch import normalize
 from .decode_pieces import DecodePieces
 from .decode_pool import DECODE_PIECE_ROWS, DecodePool
 from .decode_queue import DecodeStopped
 from .device_decode import BatchedDevicePieces, DevicePieces
 from .device_lane import DeviceLane
-from .errors import DataError
-from .samples import load_or_replace
 
 
 # -- worker side: reading (no decoding) ---------------------------------------------------

@@ -9,9 +9,9 @@ from typing import List, Sequence, Union
 
 import braceexpand
 
-from ..file_kind import file_kind
-from ..shown import shown
-from .errors import DataError
+from ...file_kind import file_kind
+from ...shown import shown
+from ..errors import DataError
 from .samples import EncodedSample, Sample, decode_caption, decode_image, parse_label, require_image_bytes
 from .tar_index import IMAGE, LABEL, TEXT, TarIndex, cut_short_message
 

@@ -12,7 +12,7 @@ from typing import Iterator, List, Tuple
 
 import numpy as np
 
-from .errors import DataError
+from ..errors import DataError
 
 
 def steps_per_epoch(num_samples: int, global_batch: int, drop_last: bool) -> int:
