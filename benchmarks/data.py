@@ -170,7 +170,7 @@ def main(argv=None):
     if torch.cuda.is_available():
         for library in args.gpu_jpeg_libraries.split(","):
             if library == "nvimgcodec":
-                from infcl_ds.data.nvimgcodec_decode import nvimgcodec_module
+                from infcl_ds.data.decoding.nvimgcodec_decode import nvimgcodec_module
                 try:
                     nvimgcodec_module()
                 except DataError as err:

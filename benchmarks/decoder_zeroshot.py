@@ -35,7 +35,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=200, help="training steps per run (the recipe's: 200)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON of rows to replace")
     args = p.parse_args(argv)
-    from infcl_ds.data.digits import build_digits
+    from infcl_ds.data.commands.digits import build_digits
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-decoders-"))
     build_digits(work / "digits", image_format="jpg")
     rows = []

@@ -54,7 +54,7 @@ def main(argv=None):
     p.add_argument("--float8", default="true", choices=("true", "emulate"), help="model.float8's value against false")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON of rows to replace (a PNG beside it)")
     args = p.parse_args(argv)
-    from infcl_ds.data.digits import build_digits
+    from infcl_ds.data.commands.digits import build_digits
     work = Path(tempfile.mkdtemp(prefix="infcl-ds-float8-"))
     build_digits(work / "digits", image_format="jpg")
     seeds = [int(s) for s in args.seeds.split(",")]

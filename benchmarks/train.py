@@ -480,7 +480,7 @@ def open_clip_train_rows(args, world: int) -> None:
 def open_clip_train_shards(shards: str) -> list:
     """open_clip_train's data arguments for the same shards: its WebDataset loader takes a brace
     pattern (a directory is listed as one)."""
-    from infcl_ds.data.webdataset_source import expand_shards
+    from infcl_ds.data.sources.webdataset_source import expand_shards
     paths = expand_shards(shards)
     pattern = shards if "{" in shards else "::".join(str(p) for p in paths)
     return ["--dataset-type", "webdataset", "--train-data", pattern]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from infcl_ds.data.device_decode import CropGeometry, decode_jpegs, resized_crops, resized_crops_torch
-from infcl_ds.data.transforms import sample_seed, uint8_image_transform
+from infcl_ds.data.decoding.device_decode import CropGeometry, decode_jpegs, resized_crops, resized_crops_torch
+from infcl_ds.data.decoding.transforms import sample_seed, uint8_image_transform
 
 PIECE = 1024
 

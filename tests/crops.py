@@ -2,7 +2,7 @@
 (test_device_decode.py: the torch-op version; test_resize.py: the kernel)."""
 import torch
 
-from infcl_ds.data.device_decode import Box
+from infcl_ds.data.decoding.device_decode import Box
 
 
 def random_crops(count: int, seed: int, largest: int = 90, size: int = 24):

@@ -12,7 +12,7 @@ from PIL import Image
 
 from data_section import data_section
 from infcl_ds.data import build_train_data
-from infcl_ds.data.decode_pool import DECODE_PIECE_ROWS
+from infcl_ds.data.decoding.decode_pool import DECODE_PIECE_ROWS
 
 IMAGE_SIZE, SAMPLES = 24, 40
 

@@ -49,7 +49,7 @@ def wait_all(procs, timeout=300) -> List[int]:
 def data_check(capsys, *sets):
     """`infcl-ds data check` of the tiny recipe with `sets` (no eval split, a global batch of one
     sample, which the tests' few rows fill): (exit code, captured output)."""
-    from infcl_ds.data.check import main
+    from infcl_ds.data.commands.check import main
     args = ["--config", str(TINY), "--set", "data.eval=null", "--set", "batch.global=1", "--set", "batch.chunk=1"]
     for item in sets:
         args += ["--set", item]

@@ -136,7 +136,7 @@ def test_jpeg_rows_beside_synthetic_ones_from_the_trainers_data_path(tmp_path):
     """--data synthetic,jpeg: the same engine timed on pinned random pixels and on JPEG shards read
     and decoded as the trainer does (encoded host batches, the decode pool, keep auto), one row
     each, with the decode wait and the planner's step; epochs roll over when the steps need it."""
-    from infcl_ds.data.photos import main as photos
+    from infcl_ds.data.commands.photos import main as photos
     shards, work, out = tmp_path / "photos", tmp_path / "cwd", tmp_path / "real_data.json"
     work.mkdir()
     assert photos(["--out", str(shards), "--samples", "96", "--shard-size", "48", "--workers", "1"]) in (0, None)

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from infcl_ds.data import encoded
-from infcl_ds.data.decode_pool import DECODE_PIECE_ROWS, window_slots
-from infcl_ds.data.encoded import ChunkDecoder, EncodedBatch
+from infcl_ds.data.decoding import encoded
+from infcl_ds.data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
+from infcl_ds.data.decoding.encoded import ChunkDecoder, EncodedBatch
 from infcl_ds.plan.overlap import Decoder, StepShape, overlap, tolerance_s, window_needed
 
 RATE = 400.0            # rows a second the one decode process delivers

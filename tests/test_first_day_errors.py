@@ -19,8 +19,8 @@ from infcl_ds.checkpoint.state_mismatch import summarize
 from infcl_ds.checkpoint.tags import LATEST, resolve_tag
 from infcl_ds.config import RecipeError, load_recipe
 from infcl_ds.data import DataError
-from infcl_ds.data.sources import MAX_CSV_FIELD_CHARS, CsvSource
-from infcl_ds.data.webdataset_source import TarSource
+from infcl_ds.data.sources.csv_source import MAX_CSV_FIELD_CHARS, CsvSource
+from infcl_ds.data.sources.webdataset_source import TarSource
 from infcl_ds.shown import shown
 from infcl_ds.training.divergence import DivergedError, check_step, check_weights
 from infcl_ds.training.recipe_change import summary, trajectory_changes

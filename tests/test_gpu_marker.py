@@ -79,7 +79,7 @@ def test_a_new_kernel_test_without_the_marker_is_caught():
         "test_module_import.py": "import infcl_ds.parallel.ring as ring\n",
         "test_marked.py": "import pytest\n" + kernel + "\npytestmark = pytest.mark.gpu\n",
         "test_one_marked.py": "import pytest\n" + kernel.replace("def test_it", "@pytest.mark.gpu\ndef test_it"),
-        "test_data_only.py": "from infcl_ds.data.batch import HostBatch\nfrom infcl_ds import __version__\n",
+        "test_data_only.py": "from infcl_ds.data.decoding.batch import HostBatch\nfrom infcl_ds import __version__\n",
         "losses/test_validation.py": kernel,  # listed in CPU_ONLY
     }
     assert missing_the_gpu_run(sources) == ["test_module_import.py", "test_new_kernel.py", "test_top_level_name.py"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import free_port
-from infcl_ds.data.digits import build_digits
+from infcl_ds.data.commands.digits import build_digits
 
 ROOT = Path(__file__).resolve().parents[1]
 

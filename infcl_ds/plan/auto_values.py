@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
-from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
+from ..data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
 from ..data.footprint import gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem

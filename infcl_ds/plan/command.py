@@ -27,8 +27,8 @@ from ..cli_args import ArgumentParser, positive_number, whole_number, whole_numb
 from ..config import Recipe, RecipeError, load_recipe
 from ..config.recipe import MAX_SAMPLES
 from ..data import DataError
+from ..data.decoding.nvimgcodec_decode import nvimgcodec_module
 from ..data.footprint import gpu_decode_share
-from ..data.nvimgcodec_decode import nvimgcodec_module
 from .refusal import PlanError
 from .machine import Node, ranks_on_cpu, read_node
 from .machine import parse_size as machine_parse_size

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
-from ..data.decode_pool import DECODE_PIECE_ROWS, window_slots
+from ..data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
 from ..data.footprint import (DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU, device_window_rows, gpu_decode_share,
                               has_pool, host_kept_rows, pool_window_rows)
 from ..engine.step import engine_passes

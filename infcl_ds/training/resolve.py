@@ -9,7 +9,7 @@ import torch
 
 from ..config import Recipe, RecipeError, check_world
 from ..data import DataError
-from ..data.nvimgcodec_decode import GPU_DECODERS, require_gpu_jpeg_library
+from ..data.decoding.nvimgcodec_decode import GPU_DECODERS, require_gpu_jpeg_library
 from ..plan.machine import host_memory, local_ranks, rank_cores
 from ..plan.refusal import PlanError
 from ..plan.auto_values import Choice, RankSizes, Resolution, recipe_with, resolve_autos

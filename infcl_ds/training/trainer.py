@@ -19,7 +19,7 @@ from ..checkpoint.safe_load import CheckpointError
 from ..config import Recipe, build_deepspeed_config, check_world, dump_recipe
 from ..config.deepspeed_config import base_keys_written_over
 from ..data import build_eval_data, build_train_data
-from ..data.check import check_paths
+from ..data.commands.check import check_paths
 from ..engine.compile import graphs_compiled
 from ..eval import evaluate as evaluate_model
 from ..eval import metric_label

@@ -13,7 +13,7 @@ from test_recipe import _load_refused, _refused
 
 from infcl_ds.config import load_recipe
 from infcl_ds.config.recipe import MAX_GIB, MAX_IMAGE_BYTES, MAX_PROCESSES, MAX_SAMPLES, MAX_STEPS
-from infcl_ds.data.samples import MAX_IMAGE_BYTES as DATA_MAX_IMAGE_BYTES
+from infcl_ds.data.sources.samples import MAX_IMAGE_BYTES as DATA_MAX_IMAGE_BYTES
 from infcl_ds.plan.command import main as plan_main
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "ds_configs" / "recipes").glob("*.yaml"))

@@ -5,7 +5,7 @@ import pytest
 
 from id_samples import ID_SHARD_SIZES, id_image, write_shard
 
-from infcl_ds.data.digits import build_digits
+from infcl_ds.data.commands.digits import build_digits
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from infcl_ds.data import crop_draws
-from infcl_ds.data.crop_draws import mt19937_first_outputs, random_resized_crop_params, random_resized_crops
-from infcl_ds.data.device_decode import Box, CropGeometry
-from infcl_ds.data.transforms import uint8_image_transform
+from infcl_ds.data.decoding import crop_draws
+from infcl_ds.data.decoding.crop_draws import mt19937_first_outputs, random_resized_crop_params, random_resized_crops
+from infcl_ds.data.decoding.device_decode import Box, CropGeometry
+from infcl_ds.data.decoding.transforms import uint8_image_transform
 
 
 def seeds_of(n: int, entropy: int):

@@ -17,10 +17,10 @@ from test_first_day_errors import _one_line
 
 from infcl_ds.data import DataError
 from infcl_ds.data.eval_split import find_zeroshot
-from infcl_ds.data.samples import MAX_TEXT_BYTES, SkipSample, load_or_replace
-from infcl_ds.data.sources import CsvSource
-from infcl_ds.data.tar_index import cache_header, shard_spans
-from infcl_ds.data.webdataset_source import TarSource
+from infcl_ds.data.sources.csv_source import CsvSource
+from infcl_ds.data.sources.samples import MAX_TEXT_BYTES, SkipSample, load_or_replace
+from infcl_ds.data.sources.tar_index import cache_header, shard_spans
+from infcl_ds.data.sources.webdataset_source import TarSource
 
 
 @pytest.fixture(autouse=True)
@@ -349,7 +349,7 @@ def test_hostile_csv_and_image_names_are_shown_escaped(tmp_path):
 # -- output directories ---------------------------------------------------------------------
 
 def test_digits_into_a_path_that_is_not_a_directory_is_one_line(tmp_path, capsys):
-    from infcl_ds.data.digits import main
+    from infcl_ds.data.commands.digits import main
     assert main(["--out", "/dev/null"]) == 2
     assert _one_line(capsys.readouterr().err) == "infcl-ds data digits: --out /dev/null is not a directory"
     (tmp_path / "file").write_text("")

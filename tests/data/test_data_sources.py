@@ -138,7 +138,7 @@ def test_synthetic_source(tokenizer):
 
 def test_data_check_names_what_is_missing(tmp_path, id_shards, digits_dir):
     from infcl_ds.config import load_recipe
-    from infcl_ds.data.check import check_paths
+    from infcl_ds.data.commands.check import check_paths
 
     def data(*sets):
         return load_recipe(None, list(sets)).data
@@ -195,8 +195,8 @@ def test_csv_rows_naming_a_device_or_a_fifo_are_replaced_fast(tmp_path, tokenize
 
 
 def test_reading_an_image_file_is_bounded(tmp_path, monkeypatch):
-    from infcl_ds.data import samples
-    from infcl_ds.data.samples import SkipSample, read_image_file
+    from infcl_ds.data.sources import samples
+    from infcl_ds.data.sources.samples import SkipSample, read_image_file
     monkeypatch.setattr(samples, "MAX_IMAGE_BYTES", 1000)
     (tmp_path / "big.png").write_bytes(b"x" * 1001)
     (tmp_path / "fits.png").write_bytes(b"x" * 1000)

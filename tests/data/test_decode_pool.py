@@ -4,7 +4,7 @@ import threading
 import time
 
 from encoded_shards import wait_until
-from infcl_ds.data.decode_pool import DecodePool
+from infcl_ds.data.decoding.decode_pool import DecodePool
 
 
 class CopyEvent:
@@ -42,7 +42,7 @@ def test_a_slot_released_behind_a_device_copy_is_freed_when_the_copy_completes()
 def test_a_window_that_cannot_be_page_locked_is_tried_once_and_said(monkeypatch, capsys):
     """Where CUDA refuses to page-lock the window (a memlock limit), the pool says so once and
     copies from pageable memory; it does not try again at every take."""
-    import infcl_ds.data.decode_pool as decode_pool
+    import infcl_ds.data.decoding.decode_pool as decode_pool
     calls = []
     monkeypatch.setattr(decode_pool, "register_pinned", lambda tensor: calls.append(tensor.numel()) or False)
     pool = DecodePool(None, workers=1, window_rows=32, image_shape=(3, 4, 4))
@@ -60,7 +60,7 @@ def test_decode_processes_yield_the_cores_to_the_training_process():
     """The workers run at a lower priority than the rank (DECODE_NICENESS): its GPU-driving
     thread is never queued behind a decode."""
     import os
-    from infcl_ds.data.decode_pool import DECODE_NICENESS
+    from infcl_ds.data.decoding.decode_pool import DECODE_NICENESS
     pool = DecodePool(None, workers=2, window_rows=32, image_shape=(3, 4, 4))
     try:
         ours = os.getpriority(os.PRIO_PROCESS, 0)

@@ -21,9 +21,10 @@ import webdataset as wds
 from data_section import data_section
 from encoded_shards import (IMAGE_SIZE, SAMPLES, announce_both_passes, both_passes, chunks_of, first_batch,  # noqa: F401
                             in_process, photo_jpeg, pool_data, shard, tokenizer, wait_until)
-from infcl_ds.data import DataError, build_train_data, decode_queue
-from infcl_ds.data.decode_queue import DecodeQueue, DecodeStopped
-from infcl_ds.data.device_lane import DeviceLane
+from infcl_ds.data import DataError, build_train_data
+from infcl_ds.data.decoding import decode_queue
+from infcl_ds.data.decoding.decode_queue import DecodeQueue, DecodeStopped
+from infcl_ds.data.decoding.device_lane import DeviceLane
 
 
 # -------------------------------------------------------------------- the queue alone

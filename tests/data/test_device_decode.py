@@ -6,8 +6,8 @@ import torch
 from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Resize
 from torchvision.transforms import functional as F
 
-from infcl_ds.data.device_decode import Box, CropGeometry, resized_crops
-from infcl_ds.data.transforms import uint8_image_transform
+from infcl_ds.data.decoding.device_decode import Box, CropGeometry, resized_crops
+from infcl_ds.data.decoding.transforms import uint8_image_transform
 from crops import random_crops
 
 
@@ -57,8 +57,8 @@ def test_crop_draws_equal_torchvisions_under_the_global_seed_without_touching_it
     """The GPU decoder's thread draws each crop from a generator of its own, with the draws
     the PIL path makes from torch's global generator under the same seed."""
     from torchvision.transforms import RandomResizedCrop
-    from infcl_ds.data.crop_draws import random_resized_crop_params
-    from infcl_ds.data.transforms import seeded_cpu_generator
+    from infcl_ds.data.decoding.crop_draws import random_resized_crop_params
+    from infcl_ds.data.decoding.transforms import seeded_cpu_generator
     before = torch.get_rng_state()
     for seed, (height, width) in enumerate([(40, 61), (300, 20), (1, 1), (224, 224), (17, 900)] * 20):
         got = random_resized_crop_params(height, width, (0.9, 1.0), (3 / 4, 4 / 3), seed)

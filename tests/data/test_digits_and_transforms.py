@@ -14,8 +14,8 @@ from PIL import Image
 from id_samples import build, read_tar
 
 from infcl_ds.data import HostBatch, build_eval_data
-from infcl_ds.data.digits import NUMBER_WORDS, main as digits_main
-from infcl_ds.data.transforms import uint8_image_transform
+from infcl_ds.data.commands.digits import NUMBER_WORDS, main as digits_main
+from infcl_ds.data.decoding.transforms import uint8_image_transform
 
 
 # ---------------------------------------------------------------------------- digits

@@ -13,8 +13,8 @@ from dist_utils import run_ranks
 from encoded_shards import (IMAGE_SIZE, SAMPLES, both_passes, chunks_of, first_batch, pool_data, shard,  # noqa: F401
                             tokenizer, write_shard)
 from infcl_ds.data import DataError
-from infcl_ds.data.decode_pool import DECODE_PIECE_ROWS
-from infcl_ds.data.encoded import EncodedBatch
+from infcl_ds.data.decoding.decode_pool import DECODE_PIECE_ROWS
+from infcl_ds.data.decoding.encoded import EncodedBatch
 
 
 @pytest.mark.parametrize("decode_workers", [0, 2])

@@ -14,7 +14,7 @@ from encoded_shards import SAMPLES, both_passes, first_batch, photo_jpeg, write_
 from launch_utils import data_check
 from test_first_day_errors import _one_line
 from infcl_ds.data import DataError
-from infcl_ds.data.device_decode import decode_jpegs
+from infcl_ds.data.decoding.device_decode import decode_jpegs
 
 pytest.importorskip("nvidia.nvimgcodec", reason="the test extra installs nvImageCodec (setup.cfg)")
 
@@ -36,7 +36,7 @@ def _blobs():
 
 
 def test_the_images_equal_torchvisions_blob_by_blob():
-    from infcl_ds.data.nvimgcodec_decode import NvImageCodecJpegs
+    from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
     blobs = _blobs()
     got, want = NvImageCodecJpegs(torch.device("cpu"))(blobs), decode_jpegs(blobs, "cpu")
     # The truncated JPEG: libjpeg-turbo in torchvision stops with an error, PIL (the fallback of

@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from infcl_ds.data.pinned import pinned_empty
+from infcl_ds.data.decoding.pinned import pinned_empty
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs CUDA")
 

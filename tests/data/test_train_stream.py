@@ -11,7 +11,7 @@ import torch
 from id_samples import NUM_IDS, build, epoch_ids, id_spec
 
 from infcl_ds.data import DataError
-from infcl_ds.data.sampler import epoch_order
+from infcl_ds.data.sources.sampler import epoch_order
 
 
 # ---------------------------------------------------------------------------- distribution

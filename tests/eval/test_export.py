@@ -125,7 +125,7 @@ def test_eval_cli(run, tmp_path, monkeypatch, capsys):
 @pytest.fixture(scope="module")
 def digits_split(tmp_path_factory):
     """The held-out split of the real digits data set, at infcl-tiny's image size."""
-    from infcl_ds.data import digits
+    from infcl_ds.data.commands import digits
     out = tmp_path_factory.mktemp("digits")
     digits.build_digits(out, image_size=16)
     return out / "test"

@@ -221,7 +221,7 @@ def test_clip_loss_inside_open_clip_train_matches_its_own(tmp_path):
     import json
 
     from benchmarks.open_clip_train import open_clip_train_args, run_open_clip_train
-    from infcl_ds.data.digits import build_digits
+    from infcl_ds.data.commands.digits import build_digits
     from openclip_program import CONFIG
     config = json.loads(json.dumps(CONFIG))
     config["vision_cfg"]["image_size"] = 32

@@ -236,7 +236,7 @@ def test_row_major_features_are_saved_without_a_copy(layout):
 # ---- the crop-and-resize kernel's images --------------------------------------------------------
 
 def test_resize_kernel_reads_images_of_any_layout():
-    from infcl_ds.data.device_decode import Box
+    from infcl_ds.data.decoding.device_decode import Box
     from infcl_ds.ops.resize import resized_crops_kernel
     g = torch.Generator().manual_seed(3)
     hwc = torch.randint(0, 256, (13, 17, 3), dtype=torch.uint8, generator=g)

@@ -11,8 +11,8 @@ from torchvision.transforms import functional as F
 
 from crops import random_crops
 from devices import DEVICE
-from infcl_ds.data.device_decode import Box, CropGeometry, resized_crops_torch
-from infcl_ds.data.transforms import uint8_image_transform
+from infcl_ds.data.decoding.device_decode import Box, CropGeometry, resized_crops_torch
+from infcl_ds.data.decoding.transforms import uint8_image_transform
 from infcl_ds.ops.resize import max_taps, resized_crops_kernel
 
 pytestmark = pytest.mark.gpu

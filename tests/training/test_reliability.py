@@ -138,7 +138,7 @@ def test_free_disk_estimate_refuses_a_too_small_disk(tmp_path):
 
 
 def test_data_check_refuses_non_utf8_and_missing_columns(tmp_path, capsys):
-    from infcl_ds.data.check import main
+    from infcl_ds.data.commands.check import main
     good = tmp_path / "good.csv"
     good.write_text("filepath,title\na.png,a cat é\n", encoding="utf-8")
     assert main(["--config", str(TINY), "--set", "data.source=csv", "--set", f"data.train={good}",

@@ -147,7 +147,7 @@ def test_digits_run_evaluates_like_the_eval_command(tmp_path):
     # evaluation equals `infcl-ds eval` on the checkpoint it wrote.
     import json
 
-    from infcl_ds.data.digits import build_digits
+    from infcl_ds.data.commands.digits import build_digits
     from infcl_ds.eval.evaluate_checkpoint import main as eval_main
     build_digits(tmp_path / "digits")
     run = tmp_path / "run"
