@@ -10,8 +10,8 @@ TESTS = Path(__file__).parent
 LAYERS = ("infcl_ds.ops", "infcl_ds.parallel", "infcl_ds.losses", "infcl_ds.engine")
 
 CPU_ONLY = {  # paths under tests/
-    "data/test_encoded.py": "the encoded data path through the engine on gloo ranks; the engine on CUDA is "
-                            "engine/test_engine*.py's",
+    "data/decoding/test_encoded.py": "the encoded data path through the engine on gloo ranks; the engine on "
+                                     "CUDA is engine/test_engine*.py's",
     "eval/test_export.py": "trains one step for a checkpoint to export; the engine on CUDA is engine/test_engine*.py's",
     "plan/test_plan_memory.py": "the planner's arithmetic: it reads the towers' facts and runs no kernel",
     "plan/test_plan_timing.py": "the planner's arithmetic: it reads the engine's passes and runs no kernel",

@@ -1,5 +1,5 @@
 """Fixtures of the data tests: a tokenizer, the digits dataset, and shards of id images
-(id_samples.py), each built once per test module; tar indexes go to a temporary cache."""
+(tests/id_samples.py), each built once per test module; tar indexes go to a temporary cache."""
 import open_clip
 import pytest
 

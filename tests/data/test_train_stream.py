@@ -1,6 +1,6 @@
-"""The training stream (infcl_ds/data/train_stream.py, sampler.py) on CPU: ranks cover the epoch
-once, the last batch wraps around, resume is exact (also with worker processes), and the worker
-pools stop when the stream is closed.
+"""The training stream (infcl_ds/data/train_stream.py, sources/sampler.py) on CPU: ranks cover the
+epoch once, the last batch wraps around, resume is exact (also with worker processes), and the
+worker pools stop when the stream is closed.
 
 Sample identity: `id_shards` (tests/data/conftest.py) writes images of one flat colour encoding
 the sample id (R + 256 G), which the val transform (resize to the same size, center crop) keeps

@@ -1,7 +1,7 @@
-"""data.gpu_jpeg_library=nvimgcodec (data/nvimgcodec_decode.py), run here with nvImageCodec's CPU
-decoder (libjpeg-turbo, as torchvision's CPU decoder and PIL): the same images as torchvision's
-decode_jpegs, blob by blob, the same pieces and replaced rows through the GPU decoder's path,
-and one line naming the extra where the library is missing."""
+"""data.gpu_jpeg_library=nvimgcodec (data/decoding/nvimgcodec_decode.py), run here with
+nvImageCodec's CPU decoder (libjpeg-turbo, as torchvision's CPU decoder and PIL): the same images as
+torchvision's decode_jpegs, blob by blob, the same pieces and replaced rows through the GPU
+decoder's path, and one line naming the extra where the library is missing."""
 import io
 import sys
 

@@ -1,6 +1,6 @@
-"""data/device_decode.py: the batched crop-and-resize the GPU decoder uses, against torchvision's
-own resize one image at a time (float path: equal; uint8 path: within one level), for crops that
-shrink, that grow, of one pixel, and for the evaluation geometry (Resize + CenterCrop)."""
+"""data/decoding/device_decode.py: the batched crop-and-resize the GPU decoder uses, against
+torchvision's own resize one image at a time (float path: equal; uint8 path: within one level), for
+crops that shrink, that grow, of one pixel, and for the evaluation geometry (Resize + CenterCrop)."""
 import pytest
 import torch
 from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Resize

@@ -1,4 +1,5 @@
-"""Encoded host batches (data/encoded.py): the shards' bytes held, decoded per chunk in each pass.
+"""Encoded host batches (data/decoding/encoded.py): the shards' bytes held, decoded per chunk in
+each pass.
 
 Checked: the pixels equal the decoded host batch's with augmentation on, with and without decode
 processes, and a chunk decoded twice is bit-identical; undecodable images are replaced the same

@@ -1,4 +1,4 @@
-"""data/crop_draws.py: RandomResizedCrop's draws for many rows at once, against torch's own
+"""data/decoding/crop_draws.py: RandomResizedCrop's draws for many rows at once, against torch's own
 generator drawn row by row (crop_draws.random_resized_crop_params, itself checked against
 torchvision's get_params under the global seed in test_device_decode.py). Exact equality: a crop
 off by one pixel would give the GPU decoder other pixels than the PIL path's."""

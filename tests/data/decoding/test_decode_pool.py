@@ -1,5 +1,5 @@
-"""The decode pool's own threads (data/decode_pool.py): a slot released behind a device copy is
-freed by the releaser thread once the copy completes, in order, without polling."""
+"""The decode pool's own threads (data/decoding/decode_pool.py): a slot released behind a device
+copy is freed by the releaser thread once the copy completes, in order, without polling."""
 import threading
 import time
 

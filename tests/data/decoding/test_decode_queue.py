@@ -1,5 +1,5 @@
-"""The queue of announced decode pieces (data/decode_queue.py) and the two workers behind it: the
-decode processes (decode_pool.py) and the GPU decoder's lane (device_lane.py, run on the CPU
+"""The queue of announced decode pieces (data/decoding/decode_queue.py) and the two workers behind
+it: the decode processes (decode_pool.py) and the GPU decoder's lane (device_lane.py, run on the CPU
 here).
 
 Checked: pieces go out in the announced order within the window (rows, or the pool's slots);

@@ -1,5 +1,5 @@
-"""Exact-size page-locked host tensors (infcl_ds/data/pinned.py) and the batch assembled ahead
-on a thread (infcl_ds/data/train_stream.py). The CUDA half runs where a GPU is (marked gpu:
+"""Exact-size page-locked host tensors (infcl_ds/data/decoding/pinned.py) and the batch assembled
+ahead on a thread (infcl_ds/data/train_stream.py). The CUDA half runs where a GPU is (marked gpu:
 `bash tests/run.sh --gpu`); on CPU the tensors are plain host memory."""
 import gc
 

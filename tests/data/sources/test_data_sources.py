@@ -1,6 +1,6 @@
-"""The data sources on CPU (infcl_ds/data/sources.py, samples.py, check.py): skipped samples,
-build-time errors, CSV and synthetic sources, `infcl-ds data check`, and files that are not
-images (devices, FIFOs, unbounded reads).
+"""The data sources on CPU (infcl_ds/data/sources/: csv_source.py, synthetic_source.py,
+samples.py; data/commands/check.py): skipped samples, build-time errors, CSV and synthetic sources,
+`infcl-ds data check`, and files that are not images (devices, FIFOs, unbounded reads).
 
 Sample identity: `id_shards` (tests/data/conftest.py) writes images of one flat colour encoding
 the sample id (R + 256 G), which the val transform (resize to the same size, center crop) keeps
