@@ -1,9 +1,9 @@
-"""Where the GPU decoder's lane spends its host time (data/device_decode.py BatchedDevicePieces),
-per 1,024-row piece of the photos shards, stage by stage: the blobs made tensors, nvJPEG's
-batched decode, the crop draws (all rows at once; beside them the former row-by-row draws), the
-crop-and-resize (one kernel; beside it the former torch-op version); alone, then while another thread
-keeps the GPU's launch queue full from Python as the training loop does (the lane shares the
-interpreter lock with it). One GPU:
+"""Where the GPU decoder's lane spends its host time (data/decoding/device_decode.py
+BatchedDevicePieces), per 1,024-row piece of the photos shards, stage by stage: the blobs made
+tensors, nvJPEG's batched decode, the crop draws (all rows at once; beside them the former
+row-by-row draws), the crop-and-resize (one kernel; beside it the former torch-op version); alone,
+then while another thread keeps the GPU's launch queue full from Python as the training loop does
+(the lane shares the interpreter lock with it). One GPU:
 
     PYTHONPATH=$PWD python3 launch/probe_lane.py OUT.json [SHARD_DIR]
 

@@ -69,7 +69,7 @@ def test_no_document_states_a_test_count_or_a_suite_time(doc):
 @pytest.mark.parametrize("sentence", [
     "The suite, twice in a row: **569 passed, 4 skipped in 14:16 and 14:15**.",
     "569 tests pass in 14 minutes.",
-    "`pytest tests/data/test_encoded.py` passed 30 runs in a row on the 2-core machine.",
+    "`pytest tests/data/decoding/test_encoded.py` passed 30 runs in a row on the 2-core machine.",
     "The suite takes about 14 minutes on the 2-core machine.",
     "Where the time goes: the 30 slowest tests take 558 s of the 855.",
     "| 8 | the tests ran in 75-110 s on gloo |",
@@ -82,7 +82,7 @@ def test_a_test_count_or_suite_time_is_found(sentence):
     "A stopped rank costs the timeout: rank 0 exits in < 90 s (`tests/training/test_ring.py`).",
     "`test_stopped_peer_ends_the_job_within_the_timeout` (two gloo ranks, 1-minute timeout).",
     "The float64 self-check passed first; every row within the 120 s budget.",
-    "The decode pool is the project's own (`tests/data/test_encoded.py`).",
+    "The decode pool is the project's own (`tests/data/decoding/test_encoded.py`).",
     "3 steps, the mean of the 2 after the first; the two-node run took 13.31 s a step.",
     "Rank 0 failed in the all-reduce, 1 failed to start; 2 skipped samples a step.",
 ])

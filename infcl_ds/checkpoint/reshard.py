@@ -16,7 +16,7 @@ What in a tag depends on the number of ranks, and how each part is carried over:
 - The data position is a number of global batches into an epoch, the same on every rank; with
   the same ``batch.global`` (a trajectory key, so a resume keeps it) the sampler cuts the same
   global batches from the same permutation, so the global sample order continues exactly;
-  only which rank takes which rows of a batch changes (data/sampler.py). The writing ranks'
+  only which rank takes which rows of a batch changes (data/sources/sampler.py). The writing ranks'
   counts of replaced samples go, summed, to the new rank 0, so the logged total continues.
 - RNG streams are per rank, and a new rank has none of its own: on every rank Python's,
   numpy's and torch's streams are seeded from (model.seed, step, rank). Reproducible, though

@@ -45,7 +45,7 @@ MAX_STEPS = 10 ** 8 - 1
 # An eval batch is decoded whole in host memory: 65,536 images of 224 px are 39 GB in float32.
 MAX_EVAL_BATCH = 2 ** 16
 # data.image_bytes is a mean stored image size: at most the largest image file a source reads
-# (data/samples.py MAX_IMAGE_BYTES, which the tests hold equal to this).
+# (data/sources/samples.py MAX_IMAGE_BYTES, which the tests hold equal to this).
 MAX_IMAGE_BYTES = 64 << 20
 
 # A number YAML 1.2 reads that PyYAML's YAML 1.1 leaves as text (it wants a dot and a signed
@@ -171,15 +171,16 @@ class DataSection(Section):
     # encoded: pil is open_clip's pipeline, pixel for pixel; torchvision (torchvision.io's
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
-    # and the GPU (data/encoded.py ChunkDecoder, data/device_decode.py; docs/training.md). auto:
-    # resolved per rank at start-up from the measured decode rates: pil where the rank's decode
-    # processes keep up with its planned step (and on a CPU rank), else hybrid (plan/auto_values.py).
+    # and the GPU (data/decoding/encoded.py ChunkDecoder, data/decoding/device_decode.py;
+    # docs/training.md). auto: resolved per rank at start-up from the measured decode rates: pil
+    # where the rank's decode processes keep up with its planned step (and on a CPU rank), else
+    # hybrid (plan/auto_values.py).
     # Not the default until a GPU run measures it (PNG shards, which the GPU decoder hands to PIL
     # in its one thread, are not told apart yet).
     decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
     # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
     # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
-    # call reaches the GPU's hardware JPEG decoder (data/nvimgcodec_decode.py).
+    # call reaches the GPU's hardware JPEG decoder (data/decoding/nvimgcodec_decode.py).
     gpu_jpeg_library: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
     # rates of the GPU and of decode_workers PIL processes (data/footprint.py: gpu_decode_share).
@@ -199,7 +200,7 @@ class DataSection(Section):
     # the planned step and the measured decode rates, within the node's memory (plan/auto_values.py).
     decode_window_gib: Union[Literal["auto"], Annotated[Float, Field(gt=0, le=MAX_GIB)]] = "auto"
     # encoded, nvjpeg and hybrid: GPU memory per rank for rows the GPU decoder has decoded ahead of
-    # the engine (its lane's window, data/device_lane.py).
+    # the engine (its lane's window, data/decoding/device_lane.py).
     gpu_decode_window_gib: Annotated[Float, Field(gt=0, le=MAX_GIB)] = 4.0
     # encoded: mean stored bytes per image, for the planner (default: measured from the shards
     # where readable)

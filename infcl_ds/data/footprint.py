@@ -22,7 +22,7 @@ WORKER_PREFETCH_FACTOR = 2
 # (train_stream.py's _AssembledAhead), when the caller drops each before asking for the next.
 LOCAL_BATCHES_HELD = 2
 
-# Encoded host batches (data/encoded.py). A stored image's size when neither the recipe
+# Encoded host batches (data/decoding/encoded.py). A stored image's size when neither the recipe
 # (data.image_bytes) nor readable shards tell: JPEG at quality 90, shorter side 256-384 px, as
 # `infcl-ds data photos` writes and LAION-style shards hold (33 KB measured on those shards;
 # LAION-400M at img2dataset's defaults is ~10-30 KB).
@@ -79,7 +79,8 @@ def pool_window_rows(data: DataSection, local: int, image_size: int) -> int:
 
 def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
     """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
-    device (data.gpu_decode_window_gib; device_lane.py), at most its share of two local batches."""
+    device (data.gpu_decode_window_gib; decoding/device_lane.py), at most its share of two local
+    batches."""
     share = gpu_decode_share(data)
     if not share:
         return 0
@@ -140,9 +141,9 @@ def host_kept_rows(data: DataSection, local: int, image_size: int, chunk: Option
 
 
 def decode_pool_bytes(data: DataSection, local: int, image_size: int, host_kept: int = 0) -> int:
-    """The decode pool's shared memory per rank (encoded host batches; decode_pool.py): the rows
-    its processes decode ahead (pool_window_rows) and the `host_kept` rows it keeps between the
-    passes, at least two pieces per process; and each process's own heap."""
+    """The decode pool's shared memory per rank (encoded host batches; decoding/decode_pool.py):
+    the rows its processes decode ahead (pool_window_rows) and the `host_kept` rows it keeps between
+    the passes, at least two pieces per process; and each process's own heap."""
     if not has_pool(data):  # decoding in the training process or on the GPU: no window
         return 0
     workers = data.decode_workers

@@ -23,7 +23,7 @@ from .sources.samples import load_or_replace
 
 class TrainDataset(Dataset):
     """The decoded host batch's dataset: (epoch, index), as sampler.rank_batches yields ->
-    (uint8 image [3, H, W], caption, skipped), skipped being 0 or 1 (samples.py's rule)."""
+    (uint8 image [3, H, W], caption, skipped), skipped being 0 or 1 (sources/samples.py's rule)."""
 
     def __init__(self, source, transform, seed: int):
         self.source, self.transform, self.seed = source, transform, seed

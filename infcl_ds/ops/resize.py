@@ -1,5 +1,5 @@
 """Crop-and-resize of a whole piece of decoded images in one launch: the GPU decoder's crops
-(data/device_decode.py), open_clip's antialiased bicubic resize of each image's crop box.
+(data/decoding/device_decode.py), open_clip's antialiased bicubic resize of each image's crop box.
 
 Why a kernel: the GPU decoder's lane shares the GPU's launch queue with the towers, which keep it
 full. Each of its launches then waits for a slot, about a tower kernel's time: a crop-and-resize

@@ -264,7 +264,7 @@ def main(argv=None) -> int:
 def missing_gpu_jpeg_library(recipe: Recipe) -> str:
     """Where the GPU decodes JPEGs through nvImageCodec (data.gpu_jpeg_library=nvimgcodec, the
     decoder resolved) and it cannot be imported here: the data path's own line naming the extra
-    that installs it (data/nvimgcodec_decode.py); else ""."""
+    that installs it (data/decoding/nvimgcodec_decode.py); else ""."""
     data = recipe.data
     if data.gpu_jpeg_library != "nvimgcodec" or not gpu_decode_share(data):
         return ""

@@ -2,7 +2,7 @@
 steady step, given its decoders' rates and windows. The planner's step time and
 `data.decode_window_gib: auto` both come from here.
 
-What it models (engine/step.py, data/encoded.py, data/decode_queue.py):
+What it models (engine/step.py, data/decoding/encoded.py, data/decoding/decode_queue.py):
 
 - The engine asks for a step's chunks in order: every chunk without grad (pass 1), then the
   loss, then every chunk with grad (pass 2). A chunk kept decoded on the GPU between the passes

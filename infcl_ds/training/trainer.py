@@ -221,7 +221,7 @@ class Trainer:
             except NonFiniteFeaturesError as err:  # raised on every rank alike (the loss shares its input check)
                 raise divergence.diverged(self.step + 1, err.problem, self.checkpoint_dir) from None
             divergence.check_step(self.step + 1, loss, deepspeed_engine.get_global_grad_norm(), self.checkpoint_dir)
-            # An encoded batch finds its undecodable images during the step (data/encoded.py).
+            # An encoded batch finds its undecodable images during the step (data/decoding/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
             host_bytes = batch.nbytes / len(batch)

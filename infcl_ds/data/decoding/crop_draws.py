@@ -1,7 +1,7 @@
 """RandomResizedCrop's draws for a whole piece of rows at once, equal to torch's generator's.
 
 The PIL path crops each sample under torch's CPU generator seeded with the sample's own seed
-(data/transforms.py), and the GPU decoder must draw the same crops. Drawn one row at a time
+(transforms.py), and the GPU decoder must draw the same crops. Drawn one row at a time
 through `torch.Generator` (random_resized_crop_params) that is ~20 small torch
 calls a row: 0.15 s per 1,024 rows alone and 0.18 s beside the training loop, the largest part
 of the GPU decoder's host time once its resize became one launch (launch/probe_lane.py).

@@ -2,11 +2,11 @@
 the GPU's share of `hybrid`), or torchvision.io's libjpeg-turbo on the CPU (`data.decoder:
 torchvision`, in the decode processes); then open_clip's crop and resize with torch.
 
-The crop is drawn exactly as the PIL path (data/decode_pieces.py) draws it, from the same per-slot
+The crop is drawn exactly as the PIL path (decode_pieces.py) draws it, from the same per-slot
 seed (CropGeometry); the pixels cannot be PIL's bit for bit (another IDCT and chroma upsampling,
-torch's bicubic resize; how close: tests/data/test_encoded.py, docs/training.md). Images that are not
-JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an image
-neither can decode is replaced as in data/decode_pieces.py.
+torch's bicubic resize; how close: tests/data/decoding/test_encoded.py, docs/training.md). Images
+that are not JPEG, and JPEGs the decoder refuses, are decoded by PIL, then cropped the same way; an
+image neither can decode is replaced as in decode_pieces.py.
 
 On the GPU a piece is one batched call of torchvision's decoder (nvJPEG; the hardware engine on
 A100 and later, off the SMs) and one launch that crops and resizes all its images
@@ -235,7 +235,7 @@ class DevicePieces(DecodePieces):
 def jpeg_decoder(library: str, device: torch.device) -> Callable:
     """`blobs -> [uint8 [3, h, w] or None]` on `device` with the GPU decoder's JPEG library
     (data.gpu_jpeg_library): torchvision's nvJPEG binding (decode_jpegs) or NVIDIA's nvImageCodec
-    (data/nvimgcodec_decode.py, the gpu-decode extra). On the CPU each uses its libjpeg-turbo."""
+    (nvimgcodec_decode.py, the gpu-decode extra). On the CPU each uses its libjpeg-turbo."""
     if library == "torchvision":
         return lambda blobs: decode_jpegs(blobs, device)
     if library == "nvimgcodec":

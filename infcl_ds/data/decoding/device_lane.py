@@ -3,7 +3,7 @@ ahead of the engine (data.decoder nvjpeg, and the GPU's share of hybrid), as the
 does for the CPU's rows.
 
 Decoding on the GPU still costs the host: torchvision parses every JPEG's header and drives
-nvJPEG, and the piece's crops are drawn on the CPU (data/crop_draws.py). Done when the engine asks for a
+nvJPEG, and the piece's crops are drawn on the CPU (crop_draws.py). Done when the engine asks for a
 chunk, that time is the step's; done here, during the towers' work on the chunks before it, it
 is hidden wherever the host has time between launches. Each result is a piece decoded on the
 lane's CUDA stream with an event behind it: the consumer's stream waits for the event, not the

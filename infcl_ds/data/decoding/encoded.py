@@ -38,7 +38,7 @@ from .device_lane import DeviceLane
 class EncodedTrainDataset(Dataset):
     """(epoch, index) -> (image bytes, caption, slot index, skipped): the decoded
     TrainDataset's item with the image left as stored. Unusable captions and missing images
-    are replaced here, by the same rule as the decoded path (samples.py)."""
+    are replaced here, by the same rule as the decoded path (sources/samples.py)."""
 
     def __init__(self, source):
         self.source = source

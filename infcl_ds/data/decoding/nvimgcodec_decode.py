@@ -1,6 +1,6 @@
 """The GPU decoder's JPEGs through NVIDIA's nvImageCodec (`data.gpu_jpeg_library: nvimgcodec`,
 installed by the `gpu-decode` extra): the same contract as torchvision's decode_jpegs
-(data/device_decode.py), one uint8 [3, h, w] tensor or None per blob, on the device.
+(device_decode.py), one uint8 [3, h, w] tensor or None per blob, on the device.
 
 A piece is one batched call. On a GPU, nvImageCodec picks per image the first of its backends
 that can decode it: the hardware JPEG decoder (A100, H100, H200: off the SMs), then nvJPEG's

@@ -56,7 +56,7 @@ class Sample:
 @dataclass
 class EncodedSample:
     """A sample as stored: the image's file bytes (JPEG/PNG/WebP), decoded only when a chunk
-    of the batch reaches the encoder (infcl_ds/data/encoded.py)."""
+    of the batch reaches the encoder (infcl_ds/data/decoding/encoded.py)."""
     image: bytes
     caption: str
 
