@@ -10,6 +10,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch.utils.data import DataLoader, Dataset
 
 from ..config.recipe import DataSection
+from ..os_thread_names import NamedThread
 from .decoding.batch import HostBatch
 from .decoding.encoded import ChunkDecoder, EncodedBatch, EncodedCollate, EncodedTrainDataset
 from .decoding.pinned import pinned_empty
@@ -170,8 +171,8 @@ class _AssembledAhead:
         # The thread's current device is the rank's, so that CUDA work there (page-locking)
         # does not open a context on device 0.
         device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        self._thread = threading.Thread(target=self._run, args=(make, count, device), daemon=True,
-                                        name="infcl-ds-next-batch")
+        self._thread = NamedThread(target=self._run, args=(make, count, device), daemon=True,
+                                   name="infcl-ds-next-batch", os_name="next-batch")
         self._thread.start()
 
     def _run(self, make, count, device):

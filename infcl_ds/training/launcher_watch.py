@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import List, NamedTuple, Optional
 
+from ..os_thread_names import NamedThread
 from .exits import LAUNCHER_GONE_EXIT
 from .procs import is_deepspeed_launch, process_stat
 
@@ -75,7 +76,7 @@ class LauncherWatch:
         self.where = lambda: "start-up"  # what the rank is doing, for the line; the trainer sets it
         self._saves = 0
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="launcher-watch", daemon=True)
+        self._thread = NamedThread(target=self._watch, name="launcher-watch", daemon=True, os_name="launcher-watch")
 
     def start(self) -> "LauncherWatch":
         if self.processes:

@@ -44,6 +44,7 @@ from typing import List, Optional
 import torch
 
 from ..errors import DataError
+from ...os_thread_names import NamedThread, name_this_thread
 from .decode_queue import DecodeQueue, Piece
 from .pinned import register_pinned
 
@@ -75,6 +76,7 @@ def _worker_main(pieces, conn, arena: torch.Tensor, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle: it stops us
     torch.set_num_threads(1)  # one core per worker: the pool is the parallelism
     os.nice(DECODE_NICENESS)
+    name_this_thread("decode-worker")  # the process, as `top` lists it
     while True:
         try:
             if not conn.poll(_PARENT_CHECK_S):
@@ -203,7 +205,8 @@ class DecodePool:
             return
         with self._lock:
             if self._releaser is None:
-                self._releaser = threading.Thread(target=self._release_loop, daemon=True, name="infcl-ds-decode-copies")
+                self._releaser = NamedThread(target=self._release_loop, daemon=True, name="infcl-ds-decode-copies",
+                                              os_name="decode-copies")
                 self._releaser.start()
         self._copies.put((slot, after))
 
@@ -223,7 +226,8 @@ class DecodePool:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None and self._wake_r is not None:  # not once closed
-                self._thread = threading.Thread(target=self._dispatch_loop, daemon=True, name="infcl-ds-decode-pool")
+                self._thread = NamedThread(target=self._dispatch_loop, daemon=True, name="infcl-ds-decode-pool",
+                                           os_name="decode-pool")
                 self._thread.start()
 
     def _wake(self) -> None:

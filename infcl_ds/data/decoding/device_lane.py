@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ...os_thread_names import NamedThread
 from .decode_queue import DECODE_TIMEOUT_S, DecodeQueue
 
 
@@ -56,7 +57,7 @@ class DeviceLane:
             self._thread.join(DECODE_TIMEOUT_S)
 
     def _start(self) -> None:  # the queue calls it once
-        self._thread = threading.Thread(target=self._run, daemon=True, name="infcl-ds-device-decode")
+        self._thread = NamedThread(target=self._run, daemon=True, name="infcl-ds-device-decode", os_name="gpu-decode")
         self._thread.start()
 
     def _run(self) -> None:
