@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from infcl_ds.training.procs import stat_fields
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -20,9 +22,7 @@ def thread_cpu_s(pid: int) -> Dict[int, Tuple[str, float]]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        # "tid (name) state ...": the name may hold spaces and parentheses, so split at the last ")"
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        name, fields = stat_fields(stat)
         out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)  # utime, stime
     return out
 

@@ -14,12 +14,17 @@ def process_stat(pid: int, proc: Path = PROC) -> Optional[Tuple[str, int, int]]:
     """(state, ppid, start time in clock ticks after boot) of a process, or None when there is
     no such process."""
     try:
-        text = (proc / str(pid) / "stat").read_text()
+        _, fields = stat_fields((proc / str(pid) / "stat").read_text())
     except OSError:
         return None
-    # The command name (2nd field) is in parentheses and may itself hold spaces or ')'.
-    fields = text[text.rfind(")") + 2:].split()
     return fields[0], int(fields[1]), int(fields[19])
+
+
+def stat_fields(text: str) -> Tuple[str, List[str]]:
+    """A /proc/<pid>[/task/<tid>]/stat line as (the command name, the fields after it, from the
+    state on: fields[11] and [12] are user and system CPU ticks)."""
+    # The command name (2nd field) is in parentheses and may itself hold spaces or ')'.
+    return text[text.index("(") + 1:text.rfind(")")], text[text.rfind(")") + 2:].split()
 
 
 def is_deepspeed_launch(pid: int, proc: Path = PROC) -> bool:

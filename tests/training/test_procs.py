@@ -41,3 +41,10 @@ def test_a_leaving_rank_wakes_a_stopped_sibling(tmp_path):
 def test_no_deepspeed_launcher_means_no_siblings():
     from infcl_ds.training.procs import sibling_ranks, wake_stopped_siblings
     assert sibling_ranks() == [] and wake_stopped_siblings() == []  # pytest's parent is no launch.py
+
+
+def test_stat_fields_reads_a_name_with_spaces_and_parentheses():
+    from infcl_ds.training.procs import stat_fields
+    name, fields = stat_fields("4242 (decode) (x y) S 1 2 3 4 5 6 7 8 9 10 11 120 30 0\n")
+    assert name == "decode) (x y"
+    assert fields[0] == "S" and fields[1] == "1" and (fields[11], fields[12]) == ("120", "30")
