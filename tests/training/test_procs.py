@@ -45,6 +45,6 @@ def test_no_deepspeed_launcher_means_no_siblings():
 
 def test_stat_fields_reads_a_name_with_spaces_and_parentheses():
     from infcl_ds.training.procs import stat_fields
-    name, fields = stat_fields("4242 (decode) (x y) S 1 2 3 4 5 6 7 8 9 10 11 120 30 0\n")
+    name, fields = stat_fields("4242 (decode) (x y) S 1 2 3 4 5 6 7 8 9 10 120 30 0\n")
     assert name == "decode) (x y"
     assert fields[0] == "S" and fields[1] == "1" and (fields[11], fields[12]) == ("120", "30")
