@@ -36,6 +36,26 @@ from .common import run_identity, write_rows
 SWEEP_DUTY = 0.03
 
 
+# The machine's total memory may move this much (a rounding, a driver's reservation) and still count
+# as a host whose memory-in-use figure holds.
+TOTAL_STEADY_SHARE = 0.01
+
+
+def peak_host(peak_used_gib: float, peak_pss_gib: float, timeline: list) -> tuple:
+    """(GiB, which reading) of a run's peak host memory, the figure compared with the planner's.
+    The tree's PSS counts only the run's processes, but it is read in sweeps spaced to SWEEP_DUTY:
+    where one sweep takes a minute (hundreds of GiB mapped) the next is due after the run ends,
+    and the sweeps miss the peak. The memory in use above the start is read every period and
+    also holds what the run makes the kernel keep (page tables, page-locked buffers); it moves
+    with anything else on the machine and, on a VM whose total grows as memory is first used,
+    with that growth. So: the larger of the two where the machine's total stayed put, the PSS
+    where it moved."""
+    totals = [point[4] for point in timeline if len(point) > 4]
+    if totals and max(totals) - min(totals) <= TOTAL_STEADY_SHARE * max(totals) and peak_used_gib > peak_pss_gib:
+        return peak_used_gib, "in use"
+    return peak_pss_gib, "pss"
+
+
 class MemorySampler(threading.Thread):
     """Peak host memory of a process tree while it runs, and a timeline of it that says when a
     peak happened (at compilation, while the next batch is assembled, at a save): every

@@ -370,9 +370,11 @@ def run_launches(todo: List[Launch], limit_s: float, gpus: bool) -> Ran:
         sampler.done.set()
         sampler.join()
     wall_s = time.monotonic() - started
-    host = {"host_gib": sampler.peak_tree_pss / GIB, "host_rss_gib": sampler.peak_tree_rss / GIB,
-            "host_used_gib": sampler.peak_used / GIB, "host_timeline": sampler.timeline,
-            **sampler.sweep_report(wall_s)}
+    from .host_memory import peak_host
+    host_gib, host_source = peak_host(sampler.peak_used / GIB, sampler.peak_tree_pss / GIB, sampler.timeline)
+    host = {"host_gib": host_gib, "host_gib_source": host_source, "host_pss_gib": sampler.peak_tree_pss / GIB,
+            "host_rss_gib": sampler.peak_tree_rss / GIB, "host_used_gib": sampler.peak_used / GIB,
+            "host_timeline": sampler.timeline, **sampler.sweep_report(wall_s)}
     return Ran(todo, [job.proc.returncode for job in jobs], wall_s, host, sampler.ranks, sampler.gpu_mib,
                watched(sampler, wall_s))
 
@@ -701,18 +703,25 @@ def previous_rows(out: Path) -> Dict[str, dict]:
     return {r["part"]: r for r in json.loads(out.read_text())["rows"] if "part" in r}
 
 
+def same_run(a: dict, b: dict) -> bool:
+    """Measured together: same accelerator, device and commit (a ratio holds only within one run)."""
+    return all(a.get(k) == b.get(k) for k in ("accelerator", "device", "commit"))
+
+
 def with_efficiency(rows: List[dict]) -> List[dict]:
     """Weak-scaling efficiency of each row whose part names a reference: its samples/s per GPU
-    over the reference row's in the same file (same accelerator). Where the part has targets,
-    the checks: at least 0.95, and the planner's step within 10%."""
+    over the reference row's of the same run. A row whose reference in the file is from another
+    run keeps the efficiency of its own run (``efficiency_reference`` names that baseline's
+    figures). Where the part has targets, the check: at least 0.95."""
     by_part = {r["part"]: r for r in rows if "samples_per_s" in r}
     for row in rows:
         part = PARTS.get(row["part"])
         if part is None or not part.reference or "samples_per_s" not in row or row.get("steady") is False:
             continue
         ref = by_part.get(part.reference)
-        if ref is None or (ref.get("accelerator"), ref.get("device")) != (row.get("accelerator"), row.get("device")):
-            row["efficiency"] = None
+        if ref is None or not same_run(ref, row):
+            if "efficiency_reference" not in row:
+                row["efficiency"] = None
             continue
         row["efficiency"] = (row["samples_per_s"] / row["world"]) / (ref["samples_per_s"] / ref["world"])
         row["efficiency_reference"] = {"part": part.reference, "samples_per_s": ref["samples_per_s"],

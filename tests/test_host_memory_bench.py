@@ -76,3 +76,15 @@ def test_the_sampler_keeps_no_point_from_after_the_tree_exited():
     sampler.join()
     assert sampler.timeline and all(point[2] > 0 for point in sampler.timeline), sampler.timeline
     assert sampler.peak_tree_rss > 50_000_000
+
+
+def test_peak_host_takes_the_reading_that_saw_the_peak():
+    """PSS sweeps of a large run stop before its peak: on a host whose total stays put the memory
+    in use (read every period) gives the peak; on a VM whose total grows, only the PSS holds."""
+    from benchmarks.host_memory import peak_host
+    steady = [[5.0 * i, used, 0.0, 0.0, 503.76, 288.46] for i, used in enumerate((161.0, 405.9, 415.8))]
+    assert peak_host(415.8, 288.46, steady) == (415.8, "in use")
+    assert peak_host(40.0, 42.2, steady) == (42.2, "pss")  # the sweeps saw more than the whole machine
+    growing = [[0.0, 10.0, 0.0, 0.0, 251.0, 9.0], [5.0, 30.0, 0.0, 0.0, 280.0, 11.0]]
+    assert peak_host(30.0, 11.0, growing) == (11.0, "pss")
+    assert peak_host(30.0, 11.0, []) == (11.0, "pss")  # no timeline: nothing says the total held
