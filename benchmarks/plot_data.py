@@ -74,3 +74,33 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
     commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))  # each row's own
     fig.suptitle(f"host batches on {meta.get('device', '')}, commits {commits}", fontsize=10)
     save(fig, png_path)
+
+
+def plot_decode(json_path: Path, png_path: Path) -> None:
+    """The GPU decoder's rows (benchmarks/decode.py): images/s and host µs per image of each
+    library and backend, alone and beside training, per shard folder; the towers' slowdown beside."""
+    plt = pyplot()
+    data = json.loads(Path(json_path).read_text())
+    rows = [r for r in data["rows"] if "images_per_s" in r]
+    keys = list(dict.fromkeys((r["shards"], r["gpu_jpeg_library"], r["backend"]) for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    x = range(len(keys))
+    for offset, beside, label in ((-0.2, False, "alone"), (0.2, True, "beside training")):
+        by_key = {(r["shards"], r["gpu_jpeg_library"], r["backend"]): r for r in rows if r["beside_training"] == beside}
+        for ax, field in ((axes[0], "images_per_s"), (axes[1], "host_us_per_image")):
+            ax.bar([i + offset for i in x], [(by_key.get(k) or {}).get(field) or 0 for k in keys], 0.4, label=label)
+    beside_rows = {(r["shards"], r["gpu_jpeg_library"], r["backend"]): r for r in rows if r["beside_training"]}
+    axes[2].bar(list(x), [(beside_rows.get(k) or {}).get("towers_slowdown") or 0 for k in keys], 0.6)
+    axes[2].axhline(1.0, color="gray", ls=":")
+    titles = ("images decoded and cropped / s", "host µs per image", "towers' time beside the decoder / alone")
+    for ax, title in zip(axes, titles):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([" ".join(k) for k in keys], rotation=30, ha="right", fontsize=7)
+        ax.set_title(title, fontsize=9)
+    axes[0].axhline(10_000, color="red", ls=":", lw=1, label="10,000 / s")
+    axes[1].axhline(50, color="red", ls=":", lw=1, label="50 µs")
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    meta = data["meta"]
+    fig.suptitle(f"the GPU decoder, {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
+    save(fig, png_path)

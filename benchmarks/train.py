@@ -144,8 +144,12 @@ class _JpegBatches:
     def __init__(self, args, B, world, rank, info, device, decoder):
         from open_clip import get_tokenizer
         from infcl_ds.data import build_train_data
-        recipe = resolve_recipe(_recipe(args, world, B, "jpeg", decoder), world, device, rank).recipe
+        resolution = resolve_recipe(_recipe(args, world, B, "jpeg", decoder), world, device, rank)
+        recipe = resolution.recipe
         self.keep_decoded_gib, self.gpu_decode_share = recipe.data.keep_decoded_gib, recipe.data.gpu_decode_share
+        # what the rank's plan made of the `auto` values (the decoder and why, the decode processes)
+        self.resolved = {"decoder_resolved": recipe.data.decoder, "decode_workers": recipe.data.decode_workers,
+                         "gpu_jpeg_library": recipe.data.gpu_jpeg_library, "auto_line": resolution.line()}
         self.data = build_train_data(recipe.data, rank=rank, world_size=world, local_batch=B // world,
                                      seed=0, image_size=info["image_size"], tokenizer=get_tokenizer(args.model),
                                      mean=info["mean"], std=info["std"])
@@ -226,7 +230,6 @@ def compiled_gradient_check(model_name, pool, n, device, gelu_epilogue):
 
 
 def _worker(rank, world, args, port, ident):
-    import torch.distributed as torch_dist
     device, group_max = join_ranks(rank, world, port)
     cuda = device.type == "cuda"
     from infcl_ds.models import model_info
@@ -274,7 +277,7 @@ def _worker(rank, world, args, port, ident):
                     finally:
                         batches.close()
                     wait = group_max(sum(waits) / len(waits))
-                    row.update(decoder=decoder, decode_workers=args.decode_workers,
+                    row.update(decoder=decoder, **batches.resolved,
                                keep_decoded_gib=batches.keep_decoded_gib, gpu_decode_share=batches.gpu_decode_share,
                                decode_wait_s=wait,
                                decode_wait_share=wait / group_max(sum(timed) / len(timed)))
@@ -381,6 +384,11 @@ def _fmt(row):
                if row.get("plan_peak_mib") else ""))
 
 
+def _count_or_auto(text: str):
+    """--decode-workers: a count, or "auto"."""
+    return text if text == "auto" else int(text)
+
+
 def _command(args):
     import shlex
     return "infcl-ds bench train " + " ".join(shlex.quote(a) for a in (args.argv or []))
@@ -413,7 +421,8 @@ def main(argv=None):
                         "as the trainer decodes them; open_clip_train reads the same shards)")
     p.add_argument("--shards", help="JPEG WebDataset shards for --data jpeg (a brace pattern or a directory; "
                                     "e.g. from infcl-ds data photos)")
-    p.add_argument("--decode-workers", type=int, default=14, help="--data jpeg: data.decode_workers")
+    p.add_argument("--decode-workers", type=_count_or_auto, default=14,
+                   help="--data jpeg: data.decode_workers (a count, or auto: the rank's plan)")
     p.add_argument("--read-workers", type=int, default=2, help="--data jpeg: data.workers (shard readers)")
     p.add_argument("--decoder", default="pil",
                    help="--data jpeg: data.decoder, or several comma-separated (a row each): pil,nvjpeg,hybrid")

@@ -11,29 +11,15 @@ Not a benchmark of record: it finds what to change in the lane.
 """
 import json
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.decode import PIECE, blobs_from
 from infcl_ds.data.decoding.device_decode import CropGeometry, decode_jpegs, resized_crops, resized_crops_torch
 from infcl_ds.data.decoding.transforms import sample_seed, uint8_image_transform
-
-PIECE = 1024
-
-
-def blobs_from(shard_dir: Path, n: int):
-    blobs = []
-    for shard in sorted(shard_dir.glob("shard-*.tar")):
-        with tarfile.open(shard) as tar:
-            for member in tar:
-                if member.name.endswith(".jpg"):
-                    blobs.append(tar.extractfile(member).read())
-                    if len(blobs) == n:
-                        return blobs
-    return blobs
 
 
 def stages(blobs, geometry, device):

@@ -141,9 +141,12 @@ def test_jpeg_rows_beside_synthetic_ones_from_the_trainers_data_path(tmp_path):
     work.mkdir()
     assert photos(["--out", str(shards), "--samples", "96", "--shard-size", "48", "--workers", "1"]) in (0, None)
     rows = _bench(work, out, "--impl", "infcl_ds", "--world", "1", "--batch", "64", "--steps", "2",
-                  "--data", "synthetic,jpeg", "--shards", str(shards), "--decode-workers", "1")
+                  "--data", "synthetic,jpeg", "--shards", str(shards), "--decode-workers", "1", "--decoder", "auto")
     assert [(r["data"], r["status"]) for r in rows] == [("synthetic", "measured"), ("jpeg", "measured")]
     jpeg = rows[1]
-    assert FIELDS <= set(jpeg) and jpeg["decoder"] == "pil" and jpeg["keep_decoded_gib"] == 1.0
+    assert FIELDS <= set(jpeg) and jpeg["decoder"] == "auto" and jpeg["keep_decoded_gib"] == 1.0
+    # what the rank's plan made of `auto`, and why, in the row
+    assert jpeg["decoder_resolved"] == "pil" and jpeg["decode_workers"] == 1
+    assert "data.decoder=pil (no GPU on this rank)" in jpeg["auto_line"], jpeg["auto_line"]
     assert 0 <= jpeg["decode_wait_share"] < 1 and jpeg["plan_step_s"] > 0 and jpeg["samples_per_s"] > 0
     assert "--data synthetic,jpeg" in jpeg["command"]

@@ -106,6 +106,17 @@ def make_photo_shards(out, samples: int, shard_size: int, *, seed: int = 0, phot
     return summary
 
 
+def _side_range(text: str) -> tuple:
+    """'MIN,MAX' -> (MIN, MAX + 1), the range make_sample's sides are drawn from."""
+    try:
+        low, high = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX in pixels, got {text!r}") from None
+    if not 16 <= low <= high <= 8192:
+        raise argparse.ArgumentTypeError(f"expected 16 <= MIN <= MAX <= 8192, got {text!r}")
+    return low, high + 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="infcl-ds data photos", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory for the shards")
@@ -113,12 +124,15 @@ def main(argv=None) -> int:
     p.add_argument("--shard-size", type=int, default=5_000, help="samples per shard (default 5000)")
     p.add_argument("--photos", type=Path, default=None, help="a folder of source images (default: bundled ones)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    p.add_argument("--shorter", type=_side_range, default=(256, 385), metavar="MIN,MAX",
+                   help="shorter side in pixels, drawn from MIN to MAX (default 256,384: ~30 KB; 576,704 makes photos "
+                        "of ~100 KB)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the images made (default 0)")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: the CPU count)")
     args = p.parse_args(argv)
     try:
         summary = make_photo_shards(args.out, args.samples, args.shard_size, seed=args.seed, photos=args.photos,
-                                    quality=args.quality, workers=args.workers)
+                                    quality=args.quality, workers=args.workers, shorter=args.shorter)
     except (DataError, OSError) as err:  # a disk that fills, a folder that cannot be written
         print(f"infcl-ds data photos: {err}", file=sys.stderr)
         return 2

@@ -246,12 +246,13 @@ def jpeg_decoder(library: str, device: torch.device) -> Callable:
 class BatchedDevicePieces(DecodePieces):
     """A request -> DecodePieces' result with the pixels on `device`: the whole piece decoded in
     one batched call of `library` (jpeg_decoder) and cropped in batched products (nvJPEG on
-    CUDA; on the CPU the same code with the library's CPU decoder, which is what the CPU tests run)."""
+    CUDA; on the CPU the same code with the library's CPU decoder, which is what the CPU tests run).
+    `jpegs`: another `blobs -> images` decoder in the library's place (a benchmark's)."""
 
-    def __init__(self, transform, seed: int, device, library: str = "torchvision"):
+    def __init__(self, transform, seed: int, device, library: str = "torchvision", jpegs: Optional[Callable] = None):
         super().__init__(transform, seed)
         self.geometry, self.device = CropGeometry(transform), torch.device(device)
-        self.jpegs = jpeg_decoder(library, self.device)
+        self.jpegs = jpegs or jpeg_decoder(library, self.device)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def decode(self, request):

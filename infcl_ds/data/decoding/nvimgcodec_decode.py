@@ -49,15 +49,22 @@ def require_gpu_jpeg_library(data) -> None:
         nvimgcodec_module()
 
 
-class NvImageCodecJpegs:
-    """blobs -> [uint8 [3, h, w] on `device`, or None where neither nvImageCodec nor PIL decodes it]."""
+# nvImageCodec's GPU backends in the order the decoder tries them: the hardware JPEG decoder,
+# nvJPEG's CUDA decoder, its hybrid (Huffman on the CPU) one.
+GPU_BACKENDS = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
 
-    def __init__(self, device: torch.device):
+
+class NvImageCodecJpegs:
+    """blobs -> [uint8 [3, h, w] on `device`, or None where neither nvImageCodec nor PIL decodes it].
+    `backends`: the BackendKind names a CUDA decoder may use, in order (a benchmark restricts it
+    to one to learn which decodes the images)."""
+
+    def __init__(self, device: torch.device, backends=GPU_BACKENDS):
         n = nvimgcodec_module()
         self._n, self.device = n, torch.device(device)
         if self.device.type == "cuda":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            kinds = (n.BackendKind.HW_GPU_ONLY, n.BackendKind.GPU_ONLY, n.BackendKind.HYBRID_CPU_GPU)
+            kinds = [getattr(n.BackendKind, name) for name in backends]
             self.decoder = n.Decoder(device_id=index, backends=[n.Backend(kind) for kind in kinds])
         else:
             self.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
@@ -65,6 +72,10 @@ class NvImageCodecJpegs:
                                      allow_any_depth=False, sample_format=n.SampleFormat.P_RGB)
 
     def __call__(self, blobs: List[bytes]) -> List[Optional[torch.Tensor]]:
+        return by_pil_where_missing(blobs, self.decoded(blobs), self.device)
+
+    def decoded(self, blobs: List[bytes]) -> List[Optional[torch.Tensor]]:
+        """What nvImageCodec itself decodes: None where it does not (PIL's, in __call__)."""
         out: List[Optional[torch.Tensor]] = [None] * len(blobs)
         at, streams = [], []
         for i, blob in enumerate(blobs):
@@ -81,4 +92,4 @@ class NvImageCodecJpegs:
             for i, image in zip(at, self.decoder.decode(streams, params=self.params, cuda_stream=stream)):
                 if image is not None:
                     out[i] = torch.from_dlpack(image) if cuda else torch.from_numpy(np.array(image))
-        return by_pil_where_missing(blobs, out, self.device)
+        return out

@@ -48,6 +48,18 @@ def test_the_images_equal_torchvisions_blob_by_blob():
             assert torch.equal(g, w)
 
 
+def test_decoded_says_what_the_library_decoded_itself():
+    """decoded(): nvImageCodec's own images, None where it passes one on (the PNG, the cut-short
+    JPEG, the non-JPEG), which the decoder's call then hands to PIL: what a benchmark counts to
+    learn which backend decodes the images."""
+    from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
+    blobs = _blobs()
+    jpegs = NvImageCodecJpegs(torch.device("cpu"))
+    own, full = jpegs.decoded(blobs), jpegs(blobs)
+    assert [o is None for o in own] == [False] * 8 + [True] * 3
+    assert full[8] is not None and all(torch.equal(o, f) for o, f in zip(own[:8], full[:8]))
+
+
 def test_the_gpu_decoders_pieces_and_replacements_equal_torchvisions(tmp_path, tokenizer):
     corrupt = (3, 35)
     bad = write_shard(tmp_path / "bad.tar", corrupt=corrupt)

@@ -1,0 +1,264 @@
+"""`python -m benchmarks.decode`: the GPU decoder's own rows of docs/benchmarks/decode.json (+ PNG).
+
+    python -m benchmarks.decode --shards photos=/tmp/infcl-ds-photos,large=/tmp/infcl-ds-photos-large
+
+For each shard folder and each decoder — torchvision's nvJPEG binding, nvImageCodec with the
+backends the trainer gives it (hardware JPEG decoder, then CUDA, then hybrid) and with each of
+those backends alone — the images decoded and cropped per second through the trainer's own piece
+decoder (BatchedDevicePieces: one batched decode of a 1,024-image piece, the crop draws, one
+crop-and-resize launch, on a stream of its own), and the host time per image: this process's CPU
+seconds while it decoded, over the images. Each twice: alone, and beside training, where a thread
+runs a tower's forward and backward (bf16, the trainer's chunk) on the same GPU; the tower's
+rate alone and beside the decoder says what decoding costs a step (`towers_slowdown`). Beside
+training the towers' own CPU time (their rate of it alone) is taken off the host figure.
+
+nvImageCodec tries its backends in order and does not say which decoded an image, so the
+one-backend rows say it: `decoded_by_backend` counts the images that backend decoded itself
+(the rest go to PIL, as in training). The hardware rows keep the library's own log of a decode at
+PYNVIMGCODEC_VERBOSITY=3 (`library_log`): the hardware engines it found ("HW decoder available
+num_hw_engines=..." or "not supported by this platform") and each image it passed on ("failed #i.
+Trying next"); release builds do not log the finer reasons. For JPEG, nvImageCodec's CUDA
+nvJPEG decoder is its hybrid backend: the `cuda` row is expected to decode none itself.
+
+On a CPU the same code runs with the libraries' CPU decoders and a tiny tower (the tests): the
+machinery, not figures.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .common import run_identity, write_rows
+
+DEFAULT_OUT = Path("docs/benchmarks/decode.json")
+PIECE = 1024         # images per batched decode: the lane's piece (data/decoding/decode_pool.py's rows)
+IMAGE_SIZE = 224
+# nvImageCodec's backend sets, by row name: the trainer's, then each backend alone.
+NVIMGCODEC_BACKENDS = {"trainer's": ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"), "hardware": ("HW_GPU_ONLY",),
+                       "cuda": ("GPU_ONLY",), "hybrid": ("HYBRID_CPU_GPU",)}
+
+
+def blobs_from(shard_dir: Path, n: int) -> List[bytes]:
+    """The first `n` JPEGs of the shards in `shard_dir` (shard-*.tar), as bytes."""
+    blobs = []
+    for shard in sorted(Path(shard_dir).glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".jpg"):
+                    blobs.append(tar.extractfile(member).read())
+                    if len(blobs) == n:
+                        return blobs
+    if not blobs:
+        raise SystemExit(f"no JPEGs in {shard_dir}/shard-*.tar: make them with `infcl-ds data photos --out {shard_dir}`")
+    return blobs
+
+
+class Towers(threading.Thread):
+    """A tower's forward and backward on one random chunk, over and over until `stop` is set,
+    on this thread's stream of `device`: each finished pass's end time."""
+
+    def __init__(self, model: str, chunk: int, device):
+        import torch
+
+        from infcl_ds.models import create_model
+        super().__init__(daemon=True, name="towers")
+        self.device, self.chunk = torch.device(device), chunk
+        self.tower = create_model(model, seed=0).visual.to(self.device)
+        size = self.tower.image_size
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        self.images = torch.randn(chunk, 3, size, size, device=self.device)
+        self.stop, self.ends = threading.Event(), []
+
+    def one_pass(self) -> None:
+        import torch
+        cuda = self.device.type == "cuda"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
+            out = self.tower(self.images)
+        out.float().square().mean().backward()
+        if cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def run(self) -> None:
+        import torch
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while not self.stop.is_set():
+            self.one_pass()
+            self.ends.append(time.perf_counter())
+
+    def rate(self, start: float, end: float) -> Optional[float]:
+        """Samples/s of the passes that ended within [start, end], from the one that ended first."""
+        ends = [t for t in self.ends if start <= t <= end]
+        return (len(ends) - 1) * self.chunk / (ends[-1] - ends[0]) if len(ends) > 1 else None
+
+
+def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
+    """The towers' samples/s and this process's CPU seconds per second with nothing else running."""
+    towers = Towers(model, chunk, device)
+    for _ in range(2):  # untimed: kernels chosen, memory grown
+        towers.one_pass()
+    towers.start()
+    time.sleep(min(seconds, 1.0))
+    start, cpu = time.perf_counter(), time.process_time()
+    time.sleep(seconds)
+    end, cpu_s = time.perf_counter(), time.process_time() - cpu
+    towers.stop.set()
+    towers.join()
+    return {"samples_per_s": towers.rate(start, end), "cpu_per_s": cpu_s / (end - start), "towers": towers}
+
+
+def piece_decoder(library: str, backends, device):
+    """The trainer's piece decoder with `library`'s JPEG decoder (nvImageCodec limited to `backends`)."""
+    from infcl_ds.data.decoding.device_decode import BatchedDevicePieces
+    from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
+    from infcl_ds.data.decoding.transforms import uint8_image_transform
+    transform = uint8_image_transform(IMAGE_SIZE, augment=True)
+    jpegs = NvImageCodecJpegs(device, backends=backends) if library == "nvimgcodec" else None
+    return BatchedDevicePieces(transform, 0, device, library=library, jpegs=jpegs)
+
+
+def decode_all(pieces, blobs: List[bytes]) -> None:
+    """Every PIECE of `blobs` decoded and cropped, the next piece queued before waiting for the
+    last one's event (the lane's overlap of host and GPU work)."""
+    previous = None
+    for row0 in range(0, len(blobs), PIECE):
+        part = blobs[row0:row0 + PIECE]
+        _, event = pieces.decode((row0, part, 0, list(range(row0, row0 + len(part)))))
+        if previous is not None:
+            previous.synchronize()
+        previous = event
+    if previous is not None:
+        previous.synchronize()
+
+
+def timed_decode(pieces, blobs: List[bytes]) -> dict:
+    start, cpu = time.perf_counter(), time.process_time()
+    decode_all(pieces, blobs)
+    end = time.perf_counter()
+    return {"start": start, "end": end, "seconds": end - start, "cpu_s": time.process_time() - cpu}
+
+
+def decoded_by_backend(library: str, backends, device, blobs: List[bytes]) -> Optional[int]:
+    """How many of `blobs` nvImageCodec's `backends` decode themselves (None: another library)."""
+    if library != "nvimgcodec":
+        return None
+    from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
+    jpegs = NvImageCodecJpegs(device, backends=backends)
+    return sum(image is not None for row0 in range(0, len(blobs), PIECE)
+               for image in jpegs.decoded(blobs[row0:row0 + PIECE]))
+
+
+def library_log(shard_dir: Path, backends, device, images: int = 64) -> str:
+    """nvImageCodec's own log (PYNVIMGCODEC_VERBOSITY=3: warnings) of decoding `images` of the
+    shards with `backends`, in a process of its own (the level is read when the module loads)."""
+    code = ("import sys; from benchmarks.decode import blobs_from, decoded_by_backend; "
+            f"print('decoded', decoded_by_backend('nvimgcodec', {tuple(backends)!r}, {str(device)!r}, "
+            f"blobs_from(sys.argv[1], {images})))")
+    env = dict(os.environ, PYNVIMGCODEC_VERBOSITY="3")
+    done = subprocess.run([sys.executable, "-c", code, str(shard_dir)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    return (done.stdout + done.stderr)[-4000:]
+
+
+def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
+                 model: str) -> List[dict]:
+    rows = []
+    bytes_per_image = sum(map(len, blobs)) / len(blobs)
+    for library, backend_name, backends in decoders:
+        pieces = piece_decoder(library, backends, device)
+        decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
+        by_itself = timed_decode(pieces, blobs)
+        towers = Towers(model, chunk, device)
+        towers.one_pass()
+        towers.start()
+        time.sleep(1.0)
+        beside = timed_decode(pieces, blobs)
+        towers.stop.set()
+        towers.join()
+        beside_rate = towers.rate(beside["start"], beside["end"])
+        decoded = decoded_by_backend(library, backends, device, blobs)
+        base = {"shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs), "decoder": "nvjpeg",
+                "gpu_jpeg_library": library, "backend": backend_name, "backends": list(backends or ()),
+                "decoded_by_backend": decoded, "image_size": IMAGE_SIZE, "piece": PIECE}
+        for run, beside_training in ((by_itself, False), (beside, True)):
+            cpu_s = run["cpu_s"] - (alone["cpu_per_s"] * run["seconds"] if beside_training else 0.0)
+            row = {**base, "beside_training": beside_training, "images_per_s": len(blobs) / run["seconds"],
+                   "host_us_per_image": max(cpu_s, 0.0) / len(blobs) * 1e6}
+            if beside_training:
+                row.update(towers_model=model, towers_chunk=chunk, towers_samples_per_s_alone=alone["samples_per_s"],
+                           towers_samples_per_s_beside=beside_rate,
+                           towers_slowdown=(alone["samples_per_s"] / beside_rate
+                                            if beside_rate and alone["samples_per_s"] else None))
+            rows.append(row)
+        if backend_name == "hardware":  # the engines it found, and why it passed any image on
+            rows[-1]["library_log"] = rows[-2]["library_log"] = library_log(shard_dir, backends, device)
+        say(rows[-2], rows[-1])
+    return rows
+
+
+def say(alone_row: dict, beside_row: dict) -> None:
+    slow = beside_row.get("towers_slowdown")
+    print(f"{alone_row['shards']} {alone_row['gpu_jpeg_library']} {alone_row['backend']}: "
+          f"{alone_row['images_per_s']:,.0f} images/s alone ({alone_row['host_us_per_image']:.0f} us host/image), "
+          f"{beside_row['images_per_s']:,.0f} beside training ({beside_row['host_us_per_image']:.0f} us); "
+          f"decoded by the backend itself: {alone_row['decoded_by_backend']}; towers x"
+          f"{slow if slow is None else round(slow, 3)} slower", flush=True)
+
+
+def decoders_here(libraries: List[str]) -> List[tuple]:
+    """(library, backend row name, backends) to measure: torchvision's binding once, nvImageCodec
+    with the trainer's backends and with each alone (on a CPU its one CPU backend)."""
+    import torch
+    out = []
+    for library in libraries:
+        if library == "torchvision":
+            out.append(("torchvision", "nvjpeg" if torch.cuda.is_available() else "libjpeg-turbo", None))
+        elif torch.cuda.is_available():
+            out += [("nvimgcodec", name, kinds) for name, kinds in NVIMGCODEC_BACKENDS.items()]
+        else:
+            out.append(("nvimgcodec", "cpu", ()))
+    return out
+
+
+def main(argv=None) -> List[dict]:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", required=True, help="NAME=FOLDER[,NAME=FOLDER]: shard folders (infcl-ds data photos)")
+    p.add_argument("--images", type=int, default=8 * PIECE, help="images decoded per row")
+    p.add_argument("--libraries", default="nvimgcodec,torchvision", help="data.gpu_jpeg_library values")
+    p.add_argument("--model", default="ViT-B-16", help="the tower trained beside the decoder")
+    p.add_argument("--chunk", type=int, default=256, help="the tower's samples per pass")
+    p.add_argument("--seconds", type=float, default=10.0, help="the tower's timed run alone")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+
+    import torch
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    folders: Dict[str, Path] = dict((name, Path(folder)) for name, folder in
+                                    (item.split("=", 1) for item in args.shards.split(",")))
+    decoders = decoders_here(args.libraries.split(","))
+    alone = towers_alone(args.model, args.chunk, device, args.seconds)
+    alone.pop("towers")
+    print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
+    identity = {**run_identity(), "cpus": os.cpu_count(), "command": "python -m benchmarks.decode " +
+                " ".join(argv if argv is not None else sys.argv[1:])}
+    rows = []
+    for name, folder in folders.items():
+        blobs = blobs_from(folder, args.images)
+        rows += [{**row, **identity} for row in
+                 decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model)]
+        write_rows(args.out, rows, identity)  # after each folder: a call cut short keeps it
+    from .plot_data import plot_decode
+    plot_decode(args.out, args.out.with_suffix(".png"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
