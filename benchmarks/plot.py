@@ -263,5 +263,6 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
     if axes[3].has_data():
         axes[3].legend(fontsize=8)
     commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))
-    fig.suptitle(f"{rows[0]['model'] if rows else ''} from JPEG shards through launch/train.sh; commits {commits}")
+    models = " and ".join(dict.fromkeys(r["model"] for r in rows if r.get("model")))
+    fig.suptitle(f"{models} from JPEG shards through launch/train.sh; commits {commits}")
     save(fig, png_path)

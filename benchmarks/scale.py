@@ -54,7 +54,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .common import REPO, Job, cmdline, free_port, job_environment, session_pids, state_of, write_rows
 from .proc_cpu import busiest_threads, children_cpu_s, thread_cpu_s
@@ -85,6 +85,8 @@ class Part:
     one_gpu: bool = False  # GPU 0 and half the cores
     reference: str = ""   # the part whose samples/s per GPU this one's efficiency divides by
     targets: bool = False  # checked against the targets: efficiency, decode wait, planned step and host
+    model: str = "ViT-B-16"  # on GPUs (CPU runs train the tiny model)
+    sets: Tuple[str, ...] = ()  # the part's own recipe overrides on GPUs (its decoder, say)
 
 
 REFERENCE = "one-gpu-32k"
@@ -100,6 +102,10 @@ PARTS = {p.name: p for p in (
     Part("four-gpu-1m", 1024 * 1024, 256, 4, 1, 3, reference="four-gpu-128k", targets=True),
     Part("four-gpu-2m", 2048 * 1024, 512, 4, 1, 2, reference="four-gpu-128k"),
     Part("resume-two-gpu-1m", 1024 * 1024, 256, 2, 1, 0, resume_steps=1, resumes="four-gpu-1m"),
+    # a small tower at the paper's per-GPU load: more images a second than a node's PIL processes
+    # decode, so `auto` is to bring in the GPU's JPEG engines (nvImageCodec, the gpu-decode extra)
+    Part("four-gpu-b32-2m", 2048 * 1024, 512, 4, 1, 3, model="ViT-B-32",
+         sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
 )}
 
 
@@ -146,9 +152,10 @@ def recipe_sets(part: Part, setup: Setup, shards: str, run_dir: Path, steps: int
         local = batch_of(part, setup) // part.gpus
         return ["model.name=infcl-tiny", "data.source=webdataset", "data.eval=null", "data.workers=1",
                 "data.decode_workers=1", f"batch.chunk={min(16, local)}"] + sets + setup.sets
-    # ViT-B-16 as the recipe has it but the chunk, decode processes and pixels kept on the GPU,
-    # which the planner and each rank choose for the GPU they find (auto)
-    return ["batch.chunk=auto", "data.decode_workers=auto", "data.keep_decoded_gib=auto"] + sets + setup.sets
+    # the recipe with the part's model and settings, but the chunk, decode processes and pixels
+    # kept on the GPU, which the planner and each rank choose for the GPU they find (auto)
+    return ([f"model.name={part.model}", "batch.chunk=auto", "data.decode_workers=auto",
+             "data.keep_decoded_gib=auto", *part.sets] + sets + setup.sets)
 
 
 def recipe_of(setup: Setup) -> Path:
@@ -493,7 +500,8 @@ def planner_lines(ran: Ran) -> List[str]:
 
 def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict:
     """The keys every row has; measured figures are filled in by the caller."""
-    return {"part": part.name, "model": "infcl-tiny" if setup.cpu else "ViT-B-16", "B": batch_of(part, setup),
+    return {"part": part.name, "model": "infcl-tiny" if setup.cpu else part.model, "B": batch_of(part, setup),
+            "part_sets": [] if setup.cpu else list(part.sets),
             "world": part.gpus, "nodes": nodes, "impl": "infcl_ds", "data": "jpeg",
             "accelerator": setup.accelerator, "set": setup.sets, **plan["identity"],
             "plan_step_s": plan["plan_step_s"], "plan_compute_step_s": plan["plan_compute_step_s"],

@@ -33,3 +33,15 @@ def test_no_efficiency_without_a_baseline_of_its_run():
     other_card = row("four-gpu-2m", 8300.0, "a", device="H200")
     with_efficiency([row("four-gpu-128k", 8000.0, "a"), other_card])
     assert other_card["efficiency"] is None
+
+
+def test_a_parts_model_and_settings_reach_its_gpu_run_but_not_the_tiny_cpu_one(tmp_path):
+    from benchmarks.scale import PARTS, Setup, recipe_sets
+    part = PARTS["four-gpu-b32-2m"]
+    gpu = Setup("cuda", tmp_path, tmp_path, tmp_path / "scale.json", ["logging.every=1"])
+    sets = recipe_sets(part, gpu, "shards", tmp_path / "run", 3)
+    assert "model.name=ViT-B-32" in sets and "data.decoder=auto" in sets and "data.gpu_jpeg_library=nvimgcodec" in sets
+    assert sets[-1] == "logging.every=1"  # the invocation's --set comes last and wins
+    assert f"batch.global={2048 * 1024}" in sets
+    cpu = recipe_sets(part, Setup("cpu", tmp_path, tmp_path, tmp_path / "scale.json", []), "shards", tmp_path, 3)
+    assert "model.name=infcl-tiny" in cpu and not any(s.startswith("data.decoder=") for s in cpu)
