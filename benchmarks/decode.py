@@ -20,11 +20,18 @@ num_hw_engines=..." or "not supported by this platform") and each image it passe
 Trying next"); release builds do not log the finer reasons. For JPEG, nvImageCodec's CUDA
 nvJPEG decoder is its hybrid backend: the `cuda` row is expected to decode none itself.
 
+Whole steps beside them (`--steps-from`): the rows of `infcl-ds bench train --data
+synthetic,jpeg` (one GPU held to a few cores with taskset) and of benchmarks/scale.py's parts
+that set a decoder, each JPEG row with its synthetic rate from the same run (`vs_synthetic`), the
+decoder `auto` chose and the plan's reason (`auto_line`).
+
 On a CPU the same code runs with the libraries' CPU decoders and a tiny tower (the tests): the
 machinery, not figures.
 """
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -167,9 +174,25 @@ def library_log(shard_dir: Path, backends, device, images: int = 64) -> str:
 
 def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
                  model: str) -> List[dict]:
+    """Two rows per decoder (alone, beside training). A one-backend set of nvImageCodec that
+    leaves images to PIL is not timed (PIL's rate, not the backend's): its rows say how many it
+    decoded, and the hardware backend's its log."""
     rows = []
     bytes_per_image = sum(map(len, blobs)) / len(blobs)
     for library, backend_name, backends in decoders:
+        decoded = decoded_by_backend(library, backends, device, blobs)
+        base = {"kind": "decoder", "shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs),
+                "decoder": "nvjpeg", "gpu_jpeg_library": library, "backend": backend_name,
+                "backends": list(backends or ()), "decoded_by_backend": decoded, "image_size": IMAGE_SIZE,
+                "piece": PIECE}
+        if backend_name == "hardware":  # the engines it found, and why it passed any image on
+            base["library_log"] = library_log(shard_dir, backends, device)
+        if decoded is not None and decoded < len(blobs) and backend_name != "trainer's":
+            rows += [{**base, "beside_training": beside, "images_per_s": None, "host_us_per_image": None,
+                      "not_timed": f"the backend decoded {decoded:,} of {len(blobs):,} images itself"}
+                     for beside in (False, True)]
+            print(f"{name} {library} {backend_name}: decoded {decoded:,} of {len(blobs):,} itself; not timed", flush=True)
+            continue
         pieces = piece_decoder(library, backends, device)
         decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
         by_itself = timed_decode(pieces, blobs)
@@ -181,10 +204,6 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
         towers.stop.set()
         towers.join()
         beside_rate = towers.rate(beside["start"], beside["end"])
-        decoded = decoded_by_backend(library, backends, device, blobs)
-        base = {"shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs), "decoder": "nvjpeg",
-                "gpu_jpeg_library": library, "backend": backend_name, "backends": list(backends or ()),
-                "decoded_by_backend": decoded, "image_size": IMAGE_SIZE, "piece": PIECE}
         for run, beside_training in ((by_itself, False), (beside, True)):
             cpu_s = run["cpu_s"] - (alone["cpu_per_s"] * run["seconds"] if beside_training else 0.0)
             row = {**base, "beside_training": beside_training, "images_per_s": len(blobs) / run["seconds"],
@@ -195,8 +214,6 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
                            towers_slowdown=(alone["samples_per_s"] / beside_rate
                                             if beside_rate and alone["samples_per_s"] else None))
             rows.append(row)
-        if backend_name == "hardware":  # the engines it found, and why it passed any image on
-            rows[-1]["library_log"] = rows[-2]["library_log"] = library_log(shard_dir, backends, device)
         say(rows[-2], rows[-1])
     return rows
 
@@ -208,6 +225,51 @@ def say(alone_row: dict, beside_row: dict) -> None:
           f"{beside_row['images_per_s']:,.0f} beside training ({beside_row['host_us_per_image']:.0f} us); "
           f"decoded by the backend itself: {alone_row['decoded_by_backend']}; towers x"
           f"{slow if slow is None else round(slow, 3)} slower", flush=True)
+
+
+STEP_KEYS = ("model", "B", "world", "cores", "samples_per_s", "decode_wait_share", "decoder", "gpu_jpeg_library",
+             "device", "commit", "command")
+
+
+def step_rows(train_rows: List[dict], scale_rows: List[dict]) -> List[dict]:
+    """Step rows: bench train's JPEG rows, each against the synthetic row of the same model,
+    batch, ranks, cores, card and commit (`vs_synthetic`), and the scale rows of parts that set
+    a decoder (their plan's `auto:` line says what it chose)."""
+    def run_key(r):
+        return r.get("model"), r.get("B"), r.get("world"), r.get("cores"), r.get("device"), r.get("commit")
+    synthetic = {run_key(r): r for r in train_rows
+                 if r.get("data") == "synthetic" and r.get("impl") == "infcl_ds" and r.get("status") == "measured"}
+    out = []
+    for r in train_rows:
+        if r.get("data") != "jpeg" or r.get("impl") != "infcl_ds" or r.get("status") != "measured":
+            continue
+        base = synthetic.get(run_key(r))
+        out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS}, "decoder_resolved": r.get("decoder_resolved"),
+                    "auto_line": r.get("auto_line"), "step_s": r.get("step_s"),
+                    "synthetic_samples_per_s": base["samples_per_s"] if base else None,
+                    "vs_synthetic": r["samples_per_s"] / base["samples_per_s"] if base else None})
+    for r in scale_rows:
+        if "samples_per_s" not in r or not any(s.startswith("data.decoder=") for s in r.get("part_sets", ())):
+            continue
+        line = next((said for said in r.get("planner_said", ()) if said.startswith("auto:")), "")
+        chosen = re.search(r"data\.decoder=(\w+)", line)
+        library = next((s.split("=", 1)[1] for s in r["part_sets"] if s.startswith("data.gpu_jpeg_library=")), None)
+        out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS}, "gpu_jpeg_library": library,
+                    "decoder": next(s.split("=", 1)[1] for s in r["part_sets"] if s.startswith("data.decoder=")),
+                    "decoder_resolved": chosen.group(1) if chosen else None, "auto_line": line, "step_s": r["step_s"],
+                    "part": r["part"], "synthetic_samples_per_s": None, "vs_synthetic": None})
+    return out
+
+
+def with_steps(out: Path, sources: List[Path]) -> List[dict]:
+    """decode.json's decoder rows with the step rows of `sources` (bench train's and scale's
+    JSON) in place of its earlier step rows."""
+    kept = [r for r in json.loads(out.read_text())["rows"] if r.get("kind") != "step"] if out.is_file() else []
+    train_rows, scale_rows = [], []
+    for source in sources:
+        rows = json.loads(Path(source).read_text())["rows"]
+        (scale_rows if any("part" in r for r in rows) else train_rows).extend(rows)
+    return kept + step_rows(train_rows, scale_rows)
 
 
 def decoders_here(libraries: List[str]) -> List[tuple]:
@@ -228,7 +290,9 @@ def decoders_here(libraries: List[str]) -> List[tuple]:
 def main(argv=None) -> List[dict]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shards", required=True, help="NAME=FOLDER[,NAME=FOLDER]: shard folders (infcl-ds data photos)")
+    p.add_argument("--shards", help="NAME=FOLDER[,NAME=FOLDER]: shard folders (infcl-ds data photos)")
+    p.add_argument("--steps-from", help="instead of decoding: JSON files of bench train and scale rows, "
+                                        "comma-separated, whose JPEG steps become the step rows of --out")
     p.add_argument("--images", type=int, default=8 * PIECE, help="images decoded per row")
     p.add_argument("--libraries", default="nvimgcodec,torchvision", help="data.gpu_jpeg_library values")
     p.add_argument("--model", default="ViT-B-16", help="the tower trained beside the decoder")
@@ -236,6 +300,19 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--seconds", type=float, default=10.0, help="the tower's timed run alone")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
+    if args.steps_from:
+        rows = with_steps(args.out, [Path(f) for f in args.steps_from.split(",")])
+        meta = json.loads(args.out.read_text())["meta"] if args.out.is_file() else run_identity()
+        write_rows(args.out, rows, meta)
+        for row in (r for r in rows if r.get("kind") == "step"):
+            vs = row["vs_synthetic"]
+            print(f"{row['model']} B={row['B']:,} on {row['world']} GPU(s), {row['cores']} cores: "
+                  f"{row['samples_per_s']:,.0f} samples/s, {'' if vs is None else f'{vs:.3f}x synthetic, '}"
+                  f"decode wait {row['decode_wait_share']:.1%}, decoder {row['decoder']} -> {row['decoder_resolved']}",
+                  flush=True)
+        return rows
+    if not args.shards:
+        p.error("--shards is needed (or --steps-from)")
 
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

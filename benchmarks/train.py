@@ -18,6 +18,7 @@ batch, world, compile and ZeRO stage is replaced). Every row's figures are the m
 """
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -449,7 +450,9 @@ def main(argv=None):
         args.append = True
     if args.impl:
         import torch.multiprocessing as mp
-        mp.spawn(_worker, args=(world, args, free_port(), run_identity()), nprocs=world, join=True)
+        # cores: what this process may run on (taskset), the whole share of its ranks and decode processes
+        ident = {**run_identity(), "cores": len(os.sched_getaffinity(0))}
+        mp.spawn(_worker, args=(world, args, free_port(), ident), nprocs=world, join=True)
 
 
 def open_clip_train_rows(args, world: int) -> None:

@@ -38,3 +38,75 @@ def test_decoder_rows_alone_and_beside_a_tower(tmp_path):
     beside = [r for r in rows if r["beside_training"]]
     assert all(r["towers_samples_per_s_alone"] > 0 and r["towers_slowdown"] > 0 for r in beside)
     assert (tmp_path / "decode.png").is_file()
+
+
+def test_zeroshot_runs_name_the_gpu_decoders_library_and_only_theirs(monkeypatch, tmp_path):
+    """`bench decoders --gpu-jpeg-library nvimgcodec`: the GPU decoder's runs train with it and
+    their rows say so; PIL's runs have no library."""
+    import benchmarks.decoder_zeroshot as zeroshot
+    seen = {}
+
+    def fake_train(digits, run_dir, steps, sets, what):
+        seen[what] = sets
+        return {"zeroshot_top1": 0.9, "train_s": 1.0}
+
+    monkeypatch.setattr(zeroshot, "train_digits", fake_train)
+    gpu = zeroshot.train_once(tmp_path, "nvjpeg", 1, tmp_path / "a", 2, "nvimgcodec")
+    cpu = zeroshot.train_once(tmp_path, "pil", 1, tmp_path / "b", 2, "nvimgcodec")
+    assert gpu["gpu_jpeg_library"] == "nvimgcodec" and cpu["gpu_jpeg_library"] is None
+    assert "data.gpu_jpeg_library=nvimgcodec" in seen["data.decoder=nvjpeg seed 1"]
+    assert not any(s.startswith("data.gpu_jpeg_library") for s in seen["data.decoder=pil seed 1"])
+
+
+def test_step_rows_pair_each_jpeg_step_with_the_synthetic_rate_of_its_own_run(tmp_path):
+    """--steps-from: a JPEG row over the synthetic row of the same model, batch, cores, card and
+    commit; a row of another run gets no ratio; a scale part that sets a decoder says what the
+    plan chose. The decoder rows already in decode.json stay."""
+    from benchmarks.decode import main
+    run = {"impl": "infcl_ds", "status": "measured", "model": "ViT-B-16", "B": 32768, "world": 1, "cores": 8,
+           "device": "H100", "commit": "a", "command": "bench train"}
+    train = [{**run, "data": "synthetic", "samples_per_s": 2000.0},
+             {**run, "data": "jpeg", "samples_per_s": 1980.0, "decode_wait_share": 0.01, "decoder": "auto",
+              "decoder_resolved": "hybrid", "gpu_jpeg_library": "nvimgcodec", "auto_line": "auto: data.decoder=hybrid"},
+             {**run, "commit": "b", "data": "jpeg", "samples_per_s": 1500.0, "decode_wait_share": 0.2, "decoder": "pil"}]
+    scale = [{"part": "four-gpu-b32-2m", "model": "ViT-B-32", "B": 2097152, "world": 4, "samples_per_s": 30000.0,
+              "decode_wait_share": 0.03, "step_s": 70.0, "device": "H100", "commit": "a",
+              "part_sets": ["data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec"],
+              "planner_said": ["auto: data.decoder=hybrid (14 PIL processes decode ...); batch.chunk=256", "fits"]},
+             {"part": "four-gpu-128k", "model": "ViT-B-16", "samples_per_s": 8000.0, "part_sets": []}]
+    for name, rows in (("train.json", train), ("scale.json", scale)):
+        (tmp_path / name).write_text(json.dumps({"meta": {}, "rows": rows}))
+    out = tmp_path / "decode.json"
+    out.write_text(json.dumps({"meta": {"device": "H100"}, "rows": [{"kind": "decoder", "images_per_s": 1.0},
+                                                                     {"kind": "step", "model": "old"}]}))
+    rows = main(["--steps-from", f"{tmp_path / 'train.json'},{tmp_path / 'scale.json'}", "--out", str(out)])
+    assert rows == json.loads(out.read_text())["rows"]
+    decoder, *steps = rows
+    assert decoder == {"kind": "decoder", "images_per_s": 1.0} and len(steps) == 3
+    paired, other, b32 = steps
+    assert paired["vs_synthetic"] == pytest.approx(0.99) and paired["decoder_resolved"] == "hybrid"
+    assert paired["cores"] == 8 and paired["gpu_jpeg_library"] == "nvimgcodec"
+    assert other["vs_synthetic"] is None
+    assert b32["decoder"] == "auto" and b32["decoder_resolved"] == "hybrid" and b32["world"] == 4
+    assert b32["gpu_jpeg_library"] == "nvimgcodec" and b32["decode_wait_share"] == 0.03
+
+
+def test_the_gpu_plan_script_lists_its_parts_without_running_any():
+    done = subprocess.run(["bash", str(ROOT / "launch" / "bench_decode.sh")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    for part in ("decoders", "b16-8cores", "l14-4cores", "zeroshot", "b32-2m", "steps"):
+        assert f"bench_decode.sh {part}" in done.stderr, done.stderr
+
+
+def test_a_backend_that_leaves_images_to_pil_is_not_timed_and_keeps_the_librarys_log(monkeypatch, tmp_path):
+    import benchmarks.decode as decode
+    monkeypatch.setattr(decode, "decoded_by_backend", lambda *a: 3)
+    monkeypatch.setattr(decode, "library_log", lambda *a: "HW decoder not supported by this platform. Skip.")
+    rows = decode.decoder_rows("photos", tmp_path, [b"\xff\xd8"] * 8, [("nvimgcodec", "hardware", ("HW_GPU_ONLY",))],
+                               "cpu", {"samples_per_s": 1.0, "cpu_per_s": 1.0}, 4, "infcl-tiny")
+    assert [r["beside_training"] for r in rows] == [False, True]
+    for row in rows:
+        assert row["images_per_s"] is None and row["decoded_by_backend"] == 3
+        assert row["not_timed"] == "the backend decoded 3 of 8 images itself"
+        assert row["library_log"].startswith("HW decoder not supported")

@@ -146,7 +146,7 @@ def test_jpeg_rows_beside_synthetic_ones_from_the_trainers_data_path(tmp_path):
     jpeg = rows[1]
     assert FIELDS <= set(jpeg) and jpeg["decoder"] == "auto" and jpeg["keep_decoded_gib"] == 1.0
     # what the rank's plan made of `auto`, and why, in the row
-    assert jpeg["decoder_resolved"] == "pil" and jpeg["decode_workers"] == 1
+    assert jpeg["decoder_resolved"] == "pil" and jpeg["decode_workers"] == 1 and jpeg["cores"] >= 1
     assert "data.decoder=pil (no GPU on this rank)" in jpeg["auto_line"], jpeg["auto_line"]
     assert 0 <= jpeg["decode_wait_share"] < 1 and jpeg["plan_step_s"] > 0 and jpeg["samples_per_s"] > 0
     assert "--data synthetic,jpeg" in jpeg["command"]
