@@ -3,8 +3,8 @@ compose it with the engine's): bytes per sample held on the host, the decode poo
 processes, the rows decoded on the GPU (its decoder's window, the chunks kept between the
 passes), the measured decode rates, and the GPU's share of each chunk under data.decoder=hybrid.
 
-Only `image_bytes_per_sample` reads files (the first shards' headers); nothing here builds a
-source or starts a process.
+Only `image_bytes_per_sample` and `jpeg_share` read files (the first shards' headers, the first
+bytes of a few images); nothing here builds a source or starts a process.
 """
 from typing import Optional, Tuple
 
@@ -105,6 +105,33 @@ def image_bytes_per_sample(data: DataSection) -> Tuple[int, str]:
             if len(sizes):
                 return int(sizes.mean()), f"measured on {len(shards)} shard(s)"
     return DEFAULT_IMAGE_BYTES, "assumed; set data.image_bytes"
+
+
+# Images whose first bytes `jpeg_share` reads: enough to tell JPEG shards from PNG ones.
+IMAGES_SNIFFED = 64
+
+
+def jpeg_share(data: DataSection) -> Optional[float]:
+    """The share of JPEGs among the first IMAGES_SNIFFED images of the first shard (the GPU
+    decoders take JPEGs only: PIL decodes the rest in the lane's one thread), or None where
+    that is not known here (another source, shards not readable)."""
+    if data.source != "webdataset" or not data.train:
+        return None
+    from .decoding.decode_pieces import JPEG_MAGIC
+    from .sources.tar_index import IMAGE, shard_spans
+    from .sources.webdataset_source import expand_shards
+    try:
+        shard = expand_shards(data.train)[0]
+        spans = shard_spans(shard)[0][:, IMAGE]
+        spans = spans[spans[:, 1] > 0][:IMAGES_SNIFFED]
+        with open(shard, "rb") as f:
+            starts = []
+            for offset, _ in spans:
+                f.seek(int(offset))
+                starts.append(f.read(2))
+    except (DataError, OSError, IndexError):
+        return None
+    return sum(start == JPEG_MAGIC for start in starts) / len(starts) if starts else None
 
 
 def sample_host_bytes(data: DataSection, image_size: int, context_length: int, image_bytes: int) -> int:

@@ -11,8 +11,8 @@ They are chosen together, because each depends on the others:
 - the kept rows fill what the chunk's peak leaves of the GPU, in whole chunks;
 - the decode window is the smallest with which the decode processes run through the whole
   step (plan/overlap.py), within what the node's memory leaves;
-- the decoder (`auto`): pil where its processes keep the engine from waiting, else hybrid where
-  that makes the step shorter.
+- the decoder (`auto`): pil where its processes keep the engine from waiting or the shards are
+  not JPEG, else hybrid where that makes the step shorter.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -20,7 +20,8 @@ from typing import List, Optional, Sequence, Tuple
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
 from ..data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
-from ..data.footprint import gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
+from ..data.footprint import (gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample, jpeg_share,
+                              kept_pixel_rows)
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
 from .machine import CoreShare, split_cores
@@ -46,6 +47,9 @@ AUTO_WINDOW_CPU_GIB = 1.0
 # Share of the node's memory the planned host total may reach with the auto decode windows: the
 # page cache of the shards and what the planner does not count need the rest.
 AUTO_WINDOW_HOST_SHARE = 0.85
+# data.decoder: auto considers the GPU decoder only where at least this share of the shards' images
+# are JPEG: the rest it hands to PIL in its lane's one thread (PNG shards, as the quickstart's digits).
+MIN_JPEG_SHARE = 0.9
 # data.decode_workers: auto where the node is not known: cores per GPU of a training node, on the
 # low side (one H200 host here has 16; a DGX H100 has 224 logical cores for 8 GPUs).
 ASSUMED_CORES_PER_GPU = 16
@@ -381,6 +385,10 @@ def resolve_autos(recipe: Recipe, gpus: int, sizes: RankSizes, *, rates: Optiona
     elif data.host_batch == "decoded":
         chosen = plan(recipe_with(recipe, "data", decoder="pil"))
         decoder = Choice("data.decoder", "pil", "data.host_batch=decoded: the data workers decode, with PIL")
+    elif (share := jpeg_share(data)) is not None and share < MIN_JPEG_SHARE:
+        chosen = plan(recipe_with(recipe, "data", decoder="pil"))
+        decoder = Choice("data.decoder", "pil", f"{share:.0%} of the first shard's images are JPEG: the GPU "
+                                                "decoder takes JPEGs only")
     else:
         pil = plan(recipe_with(recipe, "data", decoder="pil"))
         if not pil.decoding.binds:

@@ -95,3 +95,21 @@ def test_each_rank_resolves_it_at_start_up_and_says_it_once(capsys):
     synthetic = load_recipe(None, ["data.source=synthetic", "batch.global=8", "batch.chunk=8", "data.decoder=auto"])
     with pytest.raises(DataError, match=r"^data.decoder=auto is resolved by the trainer \(plan/auto_values.py\)"):
         build_train_data(synthetic.data, rank=0, world_size=1, local_batch=8, seed=0, image_size=8, tokenizer=None)
+
+
+def test_png_shards_stay_with_pil_where_the_gpu_decoder_would_be_chosen_for_jpeg(tmp_path):
+    """The quickstart's digits are PNG: the GPU decoder would hand each to PIL in its lane's one
+    thread, so `auto` keeps PIL's processes and says why; the same digits as JPEG get hybrid."""
+    from infcl_ds.data.commands.digits import build_digits
+    from infcl_ds.data.footprint import jpeg_share
+    share = split_cores(2, 1)  # one decode process: ViT-L-14 at 16k binds on it (the test above)
+    chosen = {}
+    for image_format in ("png", "jpg"):
+        build_digits(tmp_path / image_format, image_format=image_format)
+        recipe = load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "data.source=webdataset",
+                                    f"data.train={tmp_path / image_format / 'train'}", "data.decoder=auto"])
+        assert jpeg_share(recipe.data) == (0.0 if image_format == "png" else 1.0)
+        chosen[image_format] = auto_decoder(recipe, 1, H200, 1, share)
+    assert chosen["jpg"].value == "hybrid"
+    assert chosen["png"].value == "pil"
+    assert chosen["png"].why == "0% of the first shard's images are JPEG: the GPU decoder takes JPEGs only"
