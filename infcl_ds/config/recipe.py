@@ -174,9 +174,8 @@ class DataSection(Section):
     # and the GPU (data/decoding/encoded.py ChunkDecoder, data/decoding/device_decode.py;
     # docs/training.md). auto: resolved per rank at start-up from the measured decode rates: pil
     # where the rank's decode processes keep up with its planned step (and on a CPU rank), else
-    # hybrid (plan/auto_values.py).
-    # Not the default until a GPU run measures it (PNG shards, which the GPU decoder hands to PIL
-    # in its one thread, are not told apart yet).
+    # hybrid, and pil for shards that are not JPEG (plan/auto_values.py).
+    # Not the default until a GPU run measures the GPU decoder beside training (benchmarks/decode.py).
     decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
     # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
     # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
