@@ -38,15 +38,29 @@ SHARDS_SAMPLED = 4
 # transform, JPEG shards of 256-384 px): measured, with their source, in calibration/decode_rates.json.
 _DECODE_RATES = read_json("calibration", "decode_rates.json")
 DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for name in ("pil", "torchvision")}
-# Decodes per second of one GPU's decoder (data.decoder: nvjpeg; the GPU's share of hybrid).
-NVJPEG_RATE_PER_GPU = float(_DECODE_RATES["nvjpeg_per_gpu"])
+# One GPU's decoder (data.decoder: nvjpeg; the GPU's share of hybrid) per data.gpu_jpeg_library,
+# by its key in decode_rates.json: its decodes per second while the towers train
+# (`<key>_per_gpu`), and how many times longer the towers' passes take while it decodes
+# (`<key>_towers_slowdown`; 1 where not measured). `python -m infcl_ds.plan.calibrate --decode`
+# writes both from benchmarks/decode.py's rows.
+GPU_DECODER_KEYS = {"torchvision": "nvjpeg", "nvimgcodec": "nvimgcodec"}
 
 
-def hybrid_gpu_share(workers: int) -> float:
+def gpu_decode_rate(library: str = "torchvision") -> float:
+    """Decodes per second of one GPU's decoder through `library` (data.gpu_jpeg_library)."""
+    return float(_DECODE_RATES[f"{GPU_DECODER_KEYS[library]}_per_gpu"])
+
+
+def gpu_decode_towers_slowdown(library: str = "torchvision") -> float:
+    """How many times longer the towers' passes take while `library`'s GPU decoder decodes."""
+    return float(_DECODE_RATES.get(f"{GPU_DECODER_KEYS[library]}_towers_slowdown", 1.0))
+
+
+def hybrid_gpu_share(workers: int, library: str = "torchvision") -> float:
     """The GPU's share of each chunk under data.decoder=hybrid: its rate over the rate of the GPU
     and `workers` PIL processes together, so both finish a chunk at once."""
-    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
-    return NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + cpu)
+    gpu, cpu = gpu_decode_rate(library), workers * DECODE_RATES_PER_WORKER["pil"]
+    return gpu / (gpu + cpu)
 
 
 def gpu_decode_share(data: DataSection) -> float:
@@ -58,7 +72,7 @@ def gpu_decode_share(data: DataSection) -> float:
     if data.decoder == "nvjpeg":
         return 1.0
     if data.gpu_decode_share == "auto":
-        return hybrid_gpu_share(data.decode_workers)
+        return hybrid_gpu_share(data.decode_workers, data.gpu_jpeg_library)
     return data.gpu_decode_share
 
 

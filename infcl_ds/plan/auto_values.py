@@ -321,7 +321,7 @@ def _plan_decoder(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSi
         recipe = recipe_with(recipe, "data", decode_workers=workers.count)
         choices.append(Choice("data.decode_workers", workers.count, workers.why))
     if recipe.data.decoder == "hybrid" and recipe.data.gpu_decode_share == "auto":
-        share = hybrid_gpu_share(recipe.data.decode_workers)
+        share = hybrid_gpu_share(recipe.data.decode_workers, recipe.data.gpu_jpeg_library)
         recipe = recipe_with(recipe, "data", gpu_decode_share=share)
         choices.append(Choice("data.gpu_decode_share", round(share, 4), "the GPU's rate over both decoders'"))
     chunks = [recipe.batch.chunk] if recipe.batch.chunk != "auto" else _chunks_that_fit(recipe, gpus, model, sizes)

@@ -10,6 +10,11 @@ activations.json (other models' entries are kept), and the compiled towers' rate
 compiled rows of --compiled (docs/benchmarks/vs_open_clip.json). Run from a checkout; the files ship in
 the wheel.
 
+--decode FILE: the GPU decoder's rates of benchmarks/decode.py's rows (docs/benchmarks/decode.json)
+into decode_rates.json: per data.gpu_jpeg_library, the decodes per second beside training of
+the decoder the trainer builds, on the photos shards, and how many times longer the towers'
+passes took beside it.
+
 --check: the planner, with the constants in the code, against the peaks measured in
 configurations it was NOT fitted on (launch/bench_planner_check.sh): allocated peak against
 torch's max_memory_allocated, and the total (with the runtime reserve) against what the
@@ -153,6 +158,34 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
     return written
 
 
+def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List[str]:
+    """decode_rates.json's `<key>_per_gpu`, `<key>_towers_slowdown` and `<key>_source` for each
+    library with a row of the trainer's decoder beside training on the photos shards in
+    `decode_path` (footprint.GPU_DECODER_KEYS); the other entries are kept. Returns the libraries."""
+    from ..data.footprint import GPU_DECODER_KEYS
+    data = json.loads(Path(decode_path).read_text())
+    trainers = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}  # the backend row the trainer's decoder is
+    rates = json.loads((out / "decode_rates.json").read_text())
+    written = []
+    for library, key in GPU_DECODER_KEYS.items():
+        row = next((r for r in data["rows"] if r.get("kind") == "decoder" and r.get("shards") == "photos"
+                    and r.get("beside_training") and r.get("gpu_jpeg_library") == library
+                    and r.get("backend") == trainers[library] and r.get("images_per_s")), None)
+        if row is None:
+            continue
+        rates[f"{key}_per_gpu"] = round(row["images_per_s"], 1)
+        if row.get("towers_slowdown"):
+            rates[f"{key}_towers_slowdown"] = round(row["towers_slowdown"], 4)
+        rates[f"{key}_source"] = (
+            f"docs/benchmarks/{Path(decode_path).name}, commit {row.get('commit')}, {row.get('device')}: the "
+            f"trainer's piece decoder through {library} on the photos shards ({row['bytes_per_image']:,.0f} B a JPEG), "
+            f"{row['images']:,} images in pieces of {row['piece']:,} beside a {row.get('towers_model')} tower training "
+            f"on the same GPU, whose passes took x{row.get('towers_slowdown') or 1:.3f} as long beside it")
+        written.append(library)
+    _write_json(out / "decode_rates.json", rates)
+    return written
+
+
 def print_check(path) -> None:
     print("| configuration | allocator | B | measured allocated | predicted | error | device in use | "
           "predicted total | error |")
@@ -176,7 +209,13 @@ def main(argv=None) -> int:
     p.add_argument("--compiled", default=str(BENCHMARKS / "vs_open_clip.json"),
                    help="vs_open_clip.json whose compiled rows give the compiled encoder rates (--write)")
     p.add_argument("--out", default=str(CALIBRATION), help=argparse.SUPPRESS)
+    p.add_argument("--decode", default=None, metavar="FILE",
+                   help="write the GPU decoder's rates of decode.json (benchmarks/decode.py) instead")
     args = p.parse_args(argv)
+    if args.decode:
+        written = write_decode_calibration(Path(args.decode), Path(args.out))
+        print(f"decode rates of {', '.join(written) or 'no library'} from {args.decode} into {args.out}/decode_rates.json")
+        return 0 if written else 2
     if args.check:
         print_check(args.check)
         return 0

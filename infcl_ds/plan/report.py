@@ -3,7 +3,7 @@ ranks (Plan.on_cpu) speaks of ranks, their cores and host memory: nothing of GPU
 have, nor of a step time the planner cannot model without GPU rates."""
 from typing import List, Sequence
 
-from ..data.footprint import NVJPEG_RATE_PER_GPU, input_samples_held, sample_host_bytes
+from ..data.footprint import input_samples_held, sample_host_bytes
 from ..engine.tower_footprint import CALIBRATION_SOURCE, activation_calibration
 from . import memory as mem
 from .overlap import seconds_text
@@ -103,7 +103,7 @@ def _decoding_lines(plan: Plan) -> str:
         sources.append(f"the training process at the measured {d.per_worker:,.0f} (no decode processes: nothing "
                        "decoded ahead)")
     if d.device_rate:
-        sources.append(f"the GPU's decoder at the measured {NVJPEG_RATE_PER_GPU:,.0f}")
+        sources.append(f"the GPU's decoder at the measured {d.device_rate:,.0f}")
     text = (f"\n  decoding: {d.decodes:,} rows a step ({twice}), {d.needed:,.0f}/s to keep up with the compute; "
             f"{d.available:,.0f}/s from {' and '.join(sources)}")
     if not d.binds:

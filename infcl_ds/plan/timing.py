@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Sequence
 
 from ..config import Recipe
 from ..data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
-from ..data.footprint import (DECODE_RATES_PER_WORKER, NVJPEG_RATE_PER_GPU, device_window_rows, gpu_decode_share,
-                              has_pool, host_kept_rows, pool_window_rows)
+from ..data.footprint import (DECODE_RATES_PER_WORKER, device_window_rows, gpu_decode_rate, gpu_decode_share,
+                              gpu_decode_towers_slowdown, has_pool, host_kept_rows, pool_window_rows)
 from ..engine.step import engine_passes
 from ..engine.tower_footprint import ModelEstimate
 from ..parallel.ring_bytes import hop_bytes
@@ -279,6 +279,20 @@ def encoder_times(model: ModelEstimate, local: int, dtype: str, checkpointing: b
     return flops * local / rate, backward_passes * flops * local / rate, rate, source, False
 
 
+def beside_gpu_decoder(data, local: int, encode: float, reencode: float, source: str) -> tuple:
+    """(encode, re-encode, source) with the towers slowed where the GPU decoder shares their GPU:
+    by its measured slowdown (gpu_decode_towers_slowdown) over the share of the towers' time it
+    is busy decoding its rows once (at least: rows not kept between the passes decode twice)."""
+    share = gpu_decode_share(data)
+    slowdown = gpu_decode_towers_slowdown(data.gpu_jpeg_library) if share > 0 else 1.0
+    if slowdown == 1.0 or encode + reencode <= 0:
+        return encode, reencode, source
+    busy = min(1.0, share * local / gpu_decode_rate(data.gpu_jpeg_library) / (encode + reencode))
+    factor = 1 + (slowdown - 1) * busy
+    return (encode * factor, reencode * factor,
+            source + f"; x{factor:.3f} beside the GPU decoder (x{slowdown} while it decodes, {busy:.0%} of the time)")
+
+
 def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRates, gpus_per_node: int,
               network: str = DEFAULT_NETWORK, encoder_tflops: Optional[float] = None) -> StepTime:
     """The step's phases on each GPU (``encoder_tflops``: as encoder_times, with the compiled
@@ -304,6 +318,7 @@ def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRat
         encoder_rate *= zero2 / (encode + reencode)
         source += (f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}, at least {ZERO3_CHUNK_FLOOR_S[0]} + "
                    f"{ZERO3_CHUNK_FLOOR_S[1]} s per chunk (measured on one GPU)")
+    encode, reencode, source = beside_gpu_decoder(recipe.data, local, encode, reencode, source)
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:
@@ -428,7 +443,8 @@ def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 
         else:  # the training process decodes a chunk when the engine asks for it: nothing ahead
             decoders.append(Decoder(per_worker, 0, 1 - share))
     if share > 0:
-        decoders.append(Decoder(NVJPEG_RATE_PER_GPU, device_window_rows(data, local, image_size), share))
+        decoders.append(Decoder(gpu_decode_rate(data.gpu_jpeg_library), device_window_rows(data, local, image_size),
+                                share))
     return decoders
 
 
@@ -441,5 +457,6 @@ def decoding(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size
     share = gpu_decode_share(data)
     pool = has_pool(data) and share < 1
     return Decoding(overlap=overlap(shape, decoders), workers=data.decode_workers if pool else 0,
-                    per_worker=rate_per_process(data), device_rate=NVJPEG_RATE_PER_GPU if share > 0 else 0.0,
+                    per_worker=rate_per_process(data),
+                    device_rate=gpu_decode_rate(data.gpu_jpeg_library) if share > 0 else 0.0,
                     window_rows=decoders[0].window if pool else 0)

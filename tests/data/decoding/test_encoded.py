@@ -245,7 +245,7 @@ def test_a_hybrid_chunk_is_the_pil_pools_rows_then_the_gpu_decoders(shard, token
 
 def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share():
     from infcl_ds.config import Recipe
-    from infcl_ds.data.footprint import NVJPEG_RATE_PER_GPU, DECODE_RATES_PER_WORKER
+    from infcl_ds.data.footprint import DECODE_RATES_PER_WORKER, gpu_decode_rate
     from infcl_ds.plan.machine import split_cores
     from infcl_ds.plan.auto_values import RankSizes
     from infcl_ds.training.resolve import resolve_recipe
@@ -257,7 +257,8 @@ def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share
     recipe = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
                                              "decode_workers": 6}})
     share = resolve_recipe(recipe, 1, torch.device("cuda", 0), 0, sizes).recipe.data.gpu_decode_share
-    assert share == pytest.approx(NVJPEG_RATE_PER_GPU / (NVJPEG_RATE_PER_GPU + 6 * DECODE_RATES_PER_WORKER["pil"]))
+    gpu = gpu_decode_rate("torchvision")
+    assert share == pytest.approx(gpu / (gpu + 6 * DECODE_RATES_PER_WORKER["pil"]))
     fixed = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
                                             "gpu_decode_share": 0.25}})
     assert resolve_recipe(fixed, 1, torch.device("cuda", 0), 0, sizes).recipe.data.gpu_decode_share == 0.25

@@ -1,0 +1,59 @@
+"""The GPU decoder in the planner: its rate per data.gpu_jpeg_library, the towers slowed while it
+decodes (plan/timing.py beside_gpu_decoder), and `calibrate --decode` writing both from
+benchmarks/decode.py's rows, the other rates kept."""
+import json
+import shutil
+
+import pytest
+
+from infcl_ds.config import Recipe
+from infcl_ds.data import footprint
+from infcl_ds.plan import calibrate
+from infcl_ds.plan.timing import beside_gpu_decoder
+
+CALIBRATION = calibrate.CALIBRATION
+
+
+def decode_json(tmp_path, rate, slowdown, commit="abc"):
+    rows = [{"kind": "decoder", "shards": "photos", "gpu_jpeg_library": "nvimgcodec", "backend": backend,
+             "beside_training": True, "images_per_s": value, "towers_slowdown": slowdown, "bytes_per_image": 30557,
+             "images": 8192, "piece": 1024, "towers_model": "ViT-B-16", "commit": commit, "device": "H100"}
+            for backend, value in (("hardware", 99999.0), ("trainer's", rate))]
+    rows.append({**rows[-1], "shards": "large", "images_per_s": 1.0})
+    rows.append({**rows[-1], "shards": "photos", "beside_training": False, "images_per_s": 2.0})
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    return path
+
+
+def test_calibrate_writes_the_trainers_decoder_beside_training_and_keeps_the_rest(tmp_path):
+    out = tmp_path / "calibration"
+    shutil.copytree(CALIBRATION, out)
+    before = json.loads((out / "decode_rates.json").read_text())
+    assert calibrate.main(["--decode", str(decode_json(tmp_path, 12345.6, 1.0421)), "--out", str(out)]) == 0
+    after = json.loads((out / "decode_rates.json").read_text())
+    assert after["nvimgcodec_per_gpu"] == 12345.6 and after["nvimgcodec_towers_slowdown"] == 1.0421
+    assert "commit abc" in after["nvimgcodec_source"] and "x1.042" in after["nvimgcodec_source"]
+    assert {k: v for k, v in after.items() if not k.startswith("nvimgcodec")} == \
+        {k: v for k, v in before.items() if not k.startswith("nvimgcodec")}
+    # no row of the trainer's decoder beside training: nothing written, said by the exit status
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"meta": {}, "rows": []}))
+    assert calibrate.main(["--decode", str(empty), "--out", str(out)]) == 2
+
+
+def test_the_towers_slow_by_the_measured_factor_over_the_share_of_time_the_decoder_is_busy(monkeypatch):
+    data = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "nvjpeg",
+                                           "gpu_jpeg_library": "nvimgcodec"}}).data
+    assert beside_gpu_decoder(data, 1000, 3.0, 7.0, "src") == (3.0, 7.0, "src")  # not measured: x1
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_towers_slowdown", 1.1)
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_per_gpu", 200.0)
+    # 1,000 rows at 200/s keep the decoder busy 5 s of the towers' 10: x1.05
+    encode, reencode, source = beside_gpu_decoder(data, 1000, 3.0, 7.0, "src")
+    assert (encode, reencode) == (pytest.approx(3.15), pytest.approx(7.35))
+    assert source == "src; x1.050 beside the GPU decoder (x1.1 while it decodes, 50% of the time)"
+    # torchvision's decoder has its own (unmeasured) slowdown; the PIL processes slow nothing here
+    tv = data.model_copy(update={"gpu_jpeg_library": "torchvision"})
+    assert beside_gpu_decoder(tv, 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
+    assert beside_gpu_decoder(data.model_copy(update={"decoder": "pil"}), 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
+    assert footprint.gpu_decode_rate("nvimgcodec") == 200.0 and footprint.gpu_decode_rate("torchvision") == 2150.0
