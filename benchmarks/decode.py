@@ -48,6 +48,9 @@ IMAGE_SIZE = 224
 # nvImageCodec's backend sets, by row name: the trainer's, then each backend alone.
 NVIMGCODEC_BACKENDS = {"trainer's": ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"), "hardware": ("HW_GPU_ONLY",),
                        "cuda": ("GPU_ONLY",), "hybrid": ("HYBRID_CPU_GPU",)}
+# The trainer's set again with this many CPU threads (the library's default is one per core of the
+# machine, which a rank shares with its decode processes, the other ranks and the towers' thread).
+FEW_CPU_THREADS = 2
 
 
 def blobs_from(shard_dir: Path, n: int) -> List[bytes]:
@@ -119,13 +122,14 @@ def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
     return {"samples_per_s": towers.rate(start, end), "cpu_per_s": cpu_s / (end - start), "towers": towers}
 
 
-def piece_decoder(library: str, backends, device):
-    """The trainer's piece decoder with `library`'s JPEG decoder (nvImageCodec limited to `backends`)."""
+def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None):
+    """The trainer's piece decoder with `library`'s JPEG decoder (nvImageCodec limited to
+    `backends` and `cpu_threads`)."""
     from infcl_ds.data.decoding.device_decode import BatchedDevicePieces
     from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
     from infcl_ds.data.decoding.transforms import uint8_image_transform
     transform = uint8_image_transform(IMAGE_SIZE, augment=True)
-    jpegs = NvImageCodecJpegs(device, backends=backends) if library == "nvimgcodec" else None
+    jpegs = NvImageCodecJpegs(device, backends=backends, cpu_threads=cpu_threads) if library == "nvimgcodec" else None
     return BatchedDevicePieces(transform, 0, device, library=library, jpegs=jpegs)
 
 
@@ -179,21 +183,21 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
     decoded, and the hardware backend's its log."""
     rows = []
     bytes_per_image = sum(map(len, blobs)) / len(blobs)
-    for library, backend_name, backends in decoders:
+    for library, backend_name, backends, cpu_threads in decoders:
         decoded = decoded_by_backend(library, backends, device, blobs)
         base = {"kind": "decoder", "shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs),
                 "decoder": "nvjpeg", "gpu_jpeg_library": library, "backend": backend_name,
-                "backends": list(backends or ()), "decoded_by_backend": decoded, "image_size": IMAGE_SIZE,
-                "piece": PIECE}
+                "backends": list(backends or ()), "cpu_threads": cpu_threads, "decoded_by_backend": decoded,
+                "image_size": IMAGE_SIZE, "piece": PIECE}
         if backend_name == "hardware":  # the engines it found, and why it passed any image on
             base["library_log"] = library_log(shard_dir, backends, device)
-        if decoded is not None and decoded < len(blobs) and backend_name != "trainer's":
+        if decoded is not None and decoded < len(blobs) and not backend_name.startswith("trainer's"):
             rows += [{**base, "beside_training": beside, "images_per_s": None, "host_us_per_image": None,
                       "not_timed": f"the backend decoded {decoded:,} of {len(blobs):,} images itself"}
                      for beside in (False, True)]
             print(f"{name} {library} {backend_name}: decoded {decoded:,} of {len(blobs):,} itself; not timed", flush=True)
             continue
-        pieces = piece_decoder(library, backends, device)
+        pieces = piece_decoder(library, backends, device, cpu_threads)
         decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
         by_itself = timed_decode(pieces, blobs)
         towers = Towers(model, chunk, device)
@@ -273,17 +277,20 @@ def with_steps(out: Path, sources: List[Path]) -> List[dict]:
 
 
 def decoders_here(libraries: List[str]) -> List[tuple]:
-    """(library, backend row name, backends) to measure: torchvision's binding once, nvImageCodec
-    with the trainer's backends and with each alone (on a CPU its one CPU backend)."""
+    """(library, backend row name, backends, CPU threads) to measure: torchvision's binding once,
+    nvImageCodec with the trainer's backends (with the library's threads and with FEW_CPU_THREADS)
+    and with each backend alone (on a CPU its one CPU backend)."""
     import torch
     out = []
     for library in libraries:
         if library == "torchvision":
-            out.append(("torchvision", "nvjpeg" if torch.cuda.is_available() else "libjpeg-turbo", None))
+            out.append(("torchvision", "nvjpeg" if torch.cuda.is_available() else "libjpeg-turbo", None, None))
         elif torch.cuda.is_available():
-            out += [("nvimgcodec", name, kinds) for name, kinds in NVIMGCODEC_BACKENDS.items()]
+            out += [("nvimgcodec", name, kinds, None) for name, kinds in NVIMGCODEC_BACKENDS.items()]
+            out.append(("nvimgcodec", f"trainer's, {FEW_CPU_THREADS} CPU threads", NVIMGCODEC_BACKENDS["trainer's"],
+                        FEW_CPU_THREADS))
         else:
-            out.append(("nvimgcodec", "cpu", ()))
+            out.append(("nvimgcodec", "cpu", (), None))
     return out
 
 

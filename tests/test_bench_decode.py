@@ -103,7 +103,7 @@ def test_a_backend_that_leaves_images_to_pil_is_not_timed_and_keeps_the_librarys
     import benchmarks.decode as decode
     monkeypatch.setattr(decode, "decoded_by_backend", lambda *a: 3)
     monkeypatch.setattr(decode, "library_log", lambda *a: "HW decoder not supported by this platform. Skip.")
-    rows = decode.decoder_rows("photos", tmp_path, [b"\xff\xd8"] * 8, [("nvimgcodec", "hardware", ("HW_GPU_ONLY",))],
+    rows = decode.decoder_rows("photos", tmp_path, [b"\xff\xd8"] * 8, [("nvimgcodec", "hardware", ("HW_GPU_ONLY",), None)],
                                "cpu", {"samples_per_s": 1.0, "cpu_per_s": 1.0}, 4, "infcl-tiny")
     assert [r["beside_training"] for r in rows] == [False, True]
     for row in rows:

@@ -57,15 +57,17 @@ GPU_BACKENDS = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
 class NvImageCodecJpegs:
     """blobs -> [uint8 [3, h, w] on `device`, or None where neither nvImageCodec nor PIL decodes it].
     `backends`: the BackendKind names a CUDA decoder may use, in order (a benchmark restricts it
-    to one to learn which decodes the images)."""
+    to one to learn which decodes the images). `cpu_threads`: the decoder's CPU threads
+    (max_num_cpu_threads; None: the library's default, one per core of the machine)."""
 
-    def __init__(self, device: torch.device, backends=GPU_BACKENDS):
+    def __init__(self, device: torch.device, backends=GPU_BACKENDS, cpu_threads: Optional[int] = None):
         n = nvimgcodec_module()
         self._n, self.device = n, torch.device(device)
         if self.device.type == "cuda":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             kinds = [getattr(n.BackendKind, name) for name in backends]
-            self.decoder = n.Decoder(device_id=index, backends=[n.Backend(kind) for kind in kinds])
+            self.decoder = n.Decoder(device_id=index, backends=[n.Backend(kind) for kind in kinds],
+                                     max_num_cpu_threads=cpu_threads or 0)
         else:
             self.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
         self.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB,
