@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The tests marked `gpu`, whole, on a GPU host, in parts that each fit a 10-minute command
+# (carry .whl: ../shared/tools/gpu-wheels.sh .whl), results into $OUT (default docs/benchmarks):
+#   bash launch/bench_gpu_tests.sh durations K/N   # part K of N split by count (no durations yet),
+#                                                  #  each test's time merged into $OUT/gpu_durations.json
+#   bash launch/bench_gpu_tests.sh round R K/N     # part K of N by tests/gpu_durations.json, round R:
+#                                                  #  a row of $OUT/gpu_tests.json (benchmarks/gpu_tests.py)
+# First every part of `durations` (then copy $OUT/gpu_durations.json to tests/ and commit it), then
+# each part of `round 1` and `round 2` back to back: every part passing twice in a row.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+case "${1:-}" in  # the arguments checked before anything is installed or run
+  durations) [ $# -eq 2 ] && [[ "$2" =~ ^[0-9]+/[0-9]+$ ]] || usage ;;
+  round) [ $# -eq 3 ] && [[ "$2" =~ ^[0-9]+$ ]] && [[ "$3" =~ ^[0-9]+/[0-9]+$ ]] || usage ;;
+  *) usage ;;
+esac
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.infcl-ds-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  touch /tmp/site/.infcl-ds-wheels
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+out=${OUT:-docs/benchmarks}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+case "$1" in
+  durations)
+    # a later --durations-path wins over tests/run.sh's: stored (and split) in $out
+    bash tests/run.sh --gpu --part "$2" --store-durations --durations-path "$out/gpu_durations.json" \
+      --junitxml="$out/durations-${2/\//-of-}.xml" || true ;;
+  round)
+    round=$2 part=${3%/*} parts=${3#*/}
+    junit="$out/round-$round-part-$part-of-$parts.xml"
+    bash tests/run.sh --gpu --part "$3" --junitxml="$junit" || true
+    python3 -m benchmarks.gpu_tests --junit "$junit" --part "$part" --parts "$parts" --round "$round" \
+      --out "$out/gpu_tests.json" ;;
+esac
