@@ -1,14 +1,14 @@
-"""`python -m benchmarks.faults`: the fault matrix of a two-rank job started by launch/train.sh.
+"""`python -m benchmarks.faults`: the fault matrix of a job started by launch/train.sh.
 
     python -m benchmarks.faults --out docs/benchmarks/faults.json [--accelerator cuda|cpu]
-        [--timeout-min 1] [--only kill-rank:step,term-launcher:save] [--rank 1] [--work DIR]
+        [--timeout-min 1] [--only kill-rank:step,term-launcher:save] [--ranks 2] [--rank 1] [--work DIR]
 
 Four faults, each delivered once during a step and once during a checkpoint save:
 kill-rank (SIGKILL to one rank), stop-rank (SIGSTOP to one rank), term-launcher and
 int-launcher (SIGTERM, SIGINT to the launcher: train.sh's pid, which execs DeepSpeed's runner).
 
-Each scenario starts `launch/train.sh` with the tiny recipe on synthetic data on two ranks
-(NCCL on GPUs, gloo on CPUs), in its own process session, with `distributed.timeout` at
+Each scenario starts `launch/train.sh` with the tiny recipe on synthetic data on `--ranks` ranks
+(two by default; NCCL on GPUs, one each, gloo on CPUs), in its own process session, with `distributed.timeout` at
 ``--timeout-min``. Once a checkpoint is complete (something to resume) it waits for the
 phase, polling the run directory: "step", a checkpoint every 4 steps and the last logged step
 one or two past a multiple of 4 (the step under way saves nothing); "save", a checkpoint
@@ -55,9 +55,9 @@ RESUME_STOP_S = 60  # a resumed job stopped through its launcher ends within the
 
 # -- the job ---------------------------------------------------------------------------------
 
-def train_command(run_dir: Path, sets: List[str], resume: bool = False) -> List[str]:
+def train_command(run_dir: Path, sets: List[str], resume: bool = False, ranks: int = 2) -> List[str]:
     sets = SETTINGS + [f"output_dir={run_dir}"] + sets
-    return (["launch/train.sh", str(RECIPE.relative_to(ROOT)), "--num_gpus", "2", "--no-plan", "--master_port",
+    return (["launch/train.sh", str(RECIPE.relative_to(ROOT)), "--num_gpus", str(ranks), "--no-plan", "--master_port",
              str(free_port())] + [a for s in sets for a in ("--set", s)] + (["--resume", "latest"] if resume else []))
 
 
@@ -160,11 +160,11 @@ def names_a_rank(line: Optional[str]) -> bool:
 
 # -- one scenario ----------------------------------------------------------------------------
 
-def resume_one_step(run_dir: Path, sets: List[str], env: Dict[str, str], log: Path) -> dict:
+def resume_one_step(run_dir: Path, sets: List[str], env: Dict[str, str], log: Path, ranks: int = 2) -> dict:
     """Resume the run through train.sh, wait for one new logged step past ``latest``, then stop
     it through its launcher (no checkpoint of its own: what it leaves is the fault's)."""
     before, latest = set(logged_steps(run_dir)), latest_step(run_dir)
-    job = Job(train_command(run_dir, sets + ["checkpoint.every=0"], resume=True), env, log)
+    job = Job(train_command(run_dir, sets + ["checkpoint.every=0"], resume=True, ranks=ranks), env, log)
     result = {"resumed": False, "resumed_step": None, "resume_command": shlex.join(job.command)}
     try:
         deadline = time.monotonic() + START_S
@@ -190,8 +190,9 @@ def resume_one_step(run_dir: Path, sets: List[str], env: Dict[str, str], log: Pa
 
 
 def run_scenario(scenario: str, phase: str, work: Path, accelerator: str = "cpu", timeout_min: float = 1.0,
-                 rank: int = 1, env: Optional[Dict[str, str]] = None) -> dict:
-    """One row of the matrix: start, wait for ``phase``, deliver ``scenario``'s signal, measure, resume."""
+                 rank: int = 1, env: Optional[Dict[str, str]] = None, ranks: int = 2) -> dict:
+    """One row of the matrix: start a job of ``ranks`` ranks, wait for ``phase``, deliver
+    ``scenario``'s signal, measure, resume."""
     sig, target = SCENARIOS[scenario]
     env = env if env is not None else job_environment(accelerator)
     case = work / f"{scenario}-{phase}"
@@ -200,9 +201,9 @@ def run_scenario(scenario: str, phase: str, work: Path, accelerator: str = "cpu"
     sets = [f"distributed.timeout={timeout_min:g}",
             f"checkpoint.every={1 if phase == 'save' else STEP_CADENCE}"]
     timeout_s, began = 60.0 * timeout_min, time.monotonic()
-    job = Job(train_command(run_dir, sets), env, case / "fault.log")
+    job = Job(train_command(run_dir, sets, ranks=ranks), env, case / "fault.log")
     row = {"scenario": scenario, "phase": phase, "signal": signal.Signals(sig).name,
-           "backend": "gloo" if accelerator == "cpu" else "nccl", "world": 2, "timeout_s": timeout_s,
+           "backend": "gloo" if accelerator == "cpu" else "nccl", "world": ranks, "timeout_s": timeout_s,
            "budget_s": timeout_s + OVER_TIMEOUT_S, "command": shlex.join(job.command), "log": str(case / "fault.log")}
     try:
         try:
@@ -229,7 +230,7 @@ def run_scenario(scenario: str, phase: str, work: Path, accelerator: str = "cpu"
     row["line"] = cause_line(job.text())
     row["latest"] = latest_verified(run_dir)
     row["partial_tags_after_fault"] = partial_tags(run_dir)
-    row.update(resume_one_step(run_dir, sets, env, case / "resume.log"))
+    row.update(resume_one_step(run_dir, sets, env, case / "resume.log", ranks))
     row["partial_tags"] = partial_tags(run_dir)
     row["scenario_s"] = round(time.monotonic() - began, 1)
     row["passed"] = (row["within_budget"] and names_a_rank(row["line"]) and not row["latest"].startswith("refused")
@@ -268,10 +269,13 @@ def main(argv=None):
                    help="cuda (NCCL, one GPU per rank) or cpu (gloo); default: cuda where there is one")
     p.add_argument("--timeout-min", type=float, default=1.0, help="the job's distributed.timeout, minutes")
     p.add_argument("--only", default=None, help="scenarios, e.g. kill-rank:step,term-launcher:save (default: all 8)")
-    p.add_argument("--rank", type=int, default=1, choices=(0, 1), help="the rank that kill-rank and stop-rank hit")
+    p.add_argument("--ranks", type=int, default=2, choices=(2, 4), help="ranks of the job (GPUs on CUDA)")
+    p.add_argument("--rank", type=int, default=1, help="the rank that kill-rank and stop-rank hit")
     p.add_argument("--work", type=Path, default=None,
                    help="where the runs and logs go (default: a new temporary folder)")
     args = p.parse_args(argv)
+    if not 0 <= args.rank < args.ranks:
+        p.error(f"--rank must be one of the job's ranks, 0 to {args.ranks - 1}, got {args.rank}")
     import torch
     accelerator = args.accelerator or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="infcl-ds-faults-"))
@@ -279,7 +283,7 @@ def main(argv=None):
     meta = {**run_identity(), "command": "python -m benchmarks.faults " + shlex.join(arguments), "work": str(work)}
     rows = []
     for scenario, phase in selected(args.only):
-        row = run_scenario(scenario, phase, work, accelerator, args.timeout_min, args.rank)
+        row = run_scenario(scenario, phase, work, accelerator, args.timeout_min, args.rank, ranks=args.ranks)
         rows.append({**row, "commit": meta["commit"], "device": meta["device"]})
         write_rows(args.out, rows, meta)  # after each: a cut-short matrix keeps what it measured
         print(summary(row), flush=True)

@@ -47,3 +47,13 @@ def test_only_names_known_scenarios():
     assert len(faults.selected(None)) == 8
     with pytest.raises(SystemExit, match="unknown scenario kill-rank:eval"):
         faults.selected("kill-rank:eval")
+
+
+def test_a_job_of_four_ranks_and_a_rank_outside_it_refused(tmp_path, capsys):
+    command = faults.train_command(tmp_path / "run", [], ranks=4)
+    assert command[command.index("--num_gpus") + 1] == "4"
+    resumed = faults.train_command(tmp_path / "run", [], resume=True, ranks=4)
+    assert resumed[-2:] == ["--resume", "latest"] and resumed[resumed.index("--num_gpus") + 1] == "4"
+    with pytest.raises(SystemExit):
+        faults.main(["--ranks", "2", "--rank", "3", "--out", str(tmp_path / "f.json")])
+    assert "--rank must be one of the job's ranks, 0 to 1, got 3" in capsys.readouterr().err
