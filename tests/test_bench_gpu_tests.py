@@ -42,3 +42,12 @@ def test_the_gpu_plan_script_says_its_parts_without_running_any():
                               text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": "/nonexistent-out"})
         assert done.returncode == 2, (argv, done.stderr)
         assert "bench_gpu_tests.sh round R K/N" in done.stderr
+
+
+def test_the_nccl_plan_script_says_its_parts_and_refuses_an_unknown_one_before_running():
+    for argv in ([], ["faults-5"], ["siglip-ring", "nonsense"]):
+        done = subprocess.run(["bash", str(ROOT / "launch" / "bench_nccl.sh"), *argv], capture_output=True,
+                              text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": "/nonexistent-out"})
+        assert done.returncode == 2, (argv, done.stderr)
+        for part in ("faults-1", "engine-128k", "open-clip-train-128k", "siglip-ring"):
+            assert part in done.stderr

@@ -45,3 +45,29 @@ def test_a_parts_model_and_settings_reach_its_gpu_run_but_not_the_tiny_cpu_one(t
     assert f"batch.global={2048 * 1024}" in sets
     cpu = recipe_sets(part, Setup("cpu", tmp_path, tmp_path, tmp_path / "scale.json", []), "shards", tmp_path, 3)
     assert "model.name=infcl-tiny" in cpu and not any(s.startswith("data.decoder=") for s in cpu)
+
+
+def test_open_clip_trains_row_sits_beside_the_engines_part_with_the_ratio_of_one_run(tmp_path):
+    import json
+
+    from benchmarks.scale_vs_open_clip_train import main
+    engine = {**row("four-gpu-128k", 8000.0, "a"), "model": "ViT-B-16", "B": 131072, "impl": "infcl_ds"}
+    older = {**row("four-gpu-1m", 8400.0, "z"), "model": "ViT-B-16", "B": 1048576}
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"meta": {"note": "kept"}, "rows": [engine, older]}))
+    trainer = {"impl": "open_clip_train", "status": "measured", "data": "jpeg", "model": "ViT-B-16", "B": 131072,
+               "world": 4, "samples_per_s": 5000.0, "step_s": 26.2, "device": "H100", "commit": "a",
+               "command": "torchrun ...", "decode_workers": 14}
+    synthetic = {**trainer, "data": "synthetic", "samples_per_s": 9999.0}
+    rows_file = tmp_path / "oct.json"
+    rows_file.write_text(json.dumps({"meta": {}, "rows": [synthetic, trainer]}))
+    rows = main(["--rows", str(rows_file), "--out", str(out)])
+    assert [r["part"] for r in rows] == ["four-gpu-128k", "four-gpu-1m", "four-gpu-128k-open-clip-train"]
+    assert rows[0]["vs_open_clip_train"] == rows[2]["vs_open_clip_train"] == pytest.approx(1.6)
+    assert rows[2]["impl"] == "open_clip_train" and rows[2]["samples_per_s"] == 5000.0
+    assert json.loads(out.read_text())["meta"] == {"note": "kept"}
+    # the engine's row of another run: no ratio; the trainer's row replaced, not doubled
+    rows_file.write_text(json.dumps({"meta": {}, "rows": [{**trainer, "commit": "b"}]}))
+    rows = main(["--rows", str(rows_file), "--out", str(out)])
+    assert len(rows) == 3 and rows[2]["vs_open_clip_train"] is None and rows[2]["commit"] == "b"
+    assert "vs_open_clip_train" not in rows[0]
