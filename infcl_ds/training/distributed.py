@@ -52,9 +52,12 @@ def fill_env_from_launcher() -> None:
 
 
 DEFAULT_TIMEOUT_MIN = 30.0
-# How long NCCL's watchdog may spend on its debug dump after a collective timed out, before it
-# takes the process down: a stopped peer ends the job within its timeout plus this.
-NCCL_DUMP_WAIT_MS = 10_000
+# TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: after a collective timed out, torch's watchdog waits for
+# its debug dump and then sleeps NCCL_DUMP_WAITS times this before it takes the process down
+# (Watchdog::runLoop; measured: rank 0 left 55 s after its peer stopped, at a 15 s timeout and
+# 10 s here, on 2 x H200), so a stopped peer ends the job within its timeout plus 10 s.
+NCCL_DUMP_WAIT_MS = 2_500
+NCCL_DUMP_WAITS = 4
 JOIN_TIMEOUT_MIN = 10.0
 _env_timeout_min: Optional[float] = None  # DEEPSPEED_TIMEOUT as given, before make_timeout_env_importable
 
@@ -130,15 +133,24 @@ def _join_gloo(timeout: timedelta, join: timedelta) -> None:
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
 
 
+def nccl_watchdog_env() -> None:
+    """NCCL's watchdog set (where the user has not) to take a timed-out rank down soon after the
+    timeout, read by torch when the process group is made."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # a timed-out NCCL rank exits
+    # ...soon: after a timeout torch's watchdog waits NCCL_DUMP_WAITS x this (60 s by default,
+    # four minutes in all) before taking the process down.
+    os.environ.setdefault("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", str(NCCL_DUMP_WAIT_MS))
+    # ...and does not print its C++ stack on the way out: torch marks that symbolisation as one
+    # that may hang (it can need the interpreter lock), which would keep a dead rank alive.
+    os.environ.setdefault("TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN", "0")
+
+
 def init_distributed(timeout_s: Optional[float] = None) -> torch.device:
     """Initialise deepspeed.comm (NCCL on GPUs, gloo on CPUs) with the collective timeout
     (``collective_timeout_s()`` unless given); returns this rank's device."""
     make_timeout_env_importable()
     ignore_deepspeeds_deprecated_calls()
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # a timed-out NCCL rank exits
-    # ...at once: after a timeout torch's watchdog waits this long for its debug dump before
-    # taking the process down (60 s by default, which doubled a one-minute timeout).
-    os.environ.setdefault("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", str(NCCL_DUMP_WAIT_MS))
+    nccl_watchdog_env()
     import deepspeed
     fill_env_from_launcher()
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if k not in os.environ]

@@ -34,3 +34,16 @@ def test_deepspeeds_deprecated_all_gather_is_not_shown(tmp_path):
         assert torch.equal(gathered, torch.ones(3))
     finally:
         dist.destroy_process_group()
+
+
+def test_nccls_watchdog_takes_a_timed_out_rank_down_within_ten_seconds_unless_the_user_said_otherwise(monkeypatch):
+    import os
+
+    from infcl_ds.training.distributed import NCCL_DUMP_WAIT_MS, NCCL_DUMP_WAITS, nccl_watchdog_env
+    environ = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # the user's own choice stays
+    monkeypatch.setattr(os, "environ", environ)  # nothing leaks into the other tests' process
+    nccl_watchdog_env()
+    assert environ == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                       "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": str(NCCL_DUMP_WAIT_MS),
+                       "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0"}
+    assert NCCL_DUMP_WAITS * NCCL_DUMP_WAIT_MS == 10_000
