@@ -48,3 +48,15 @@ def _train_data_closed_after_each_test(monkeypatch):
     yield
     for data in built:
         data.close()
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_the_test_found_it():
+    """Each test leaves os.environ as it found it. The CLIs called in this process set variables
+    for the rest of their process (train's PYTORCH_CUDA_ALLOC_CONF, NCCL's watchdog settings),
+    which would otherwise reach the ranks every later test spawns."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
