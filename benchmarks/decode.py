@@ -119,7 +119,7 @@ def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
     end, cpu_s = time.perf_counter(), time.process_time() - cpu
     towers.stop.set()
     towers.join()
-    return {"samples_per_s": towers.rate(start, end), "cpu_per_s": cpu_s / (end - start), "towers": towers}
+    return {"samples_per_s": towers.rate(start, end), "cpu_per_s": cpu_s / (end - start)}
 
 
 def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None):
@@ -329,7 +329,6 @@ def main(argv=None) -> List[dict]:
                                     (item.split("=", 1) for item in args.shards.split(",")))
     decoders = decoders_here(args.libraries.split(","))
     alone = towers_alone(args.model, args.chunk, device, args.seconds)
-    alone.pop("towers")
     print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
     identity = {**run_identity(), "cpus": os.cpu_count(), "command": "python -m benchmarks.decode " +
                 " ".join(argv if argv is not None else sys.argv[1:])}
