@@ -12,7 +12,8 @@ They are chosen together, because each depends on the others:
 - the decode window is the smallest with which the decode processes run through the whole
   step (plan/overlap.py), within what the node's memory leaves;
 - the decoder (`auto`): pil where its processes keep the engine from waiting or the shards are
-  not JPEG, else hybrid where that makes the step shorter.
+  not JPEG, else the GPU decoder where that makes the step shorter: alone (nvjpeg), or beside
+  the processes (hybrid) where that is shorter still by HYBRID_MIN_GAIN.
 """
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -47,6 +48,9 @@ AUTO_WINDOW_CPU_GIB = 1.0
 # Share of the node's memory the planned host total may reach with the auto decode windows: the
 # page cache of the shards and what the planner does not count need the rest.
 AUTO_WINDOW_HOST_SHARE = 0.85
+# data.decoder: auto takes the GPU decoder beside the PIL processes (hybrid) over the GPU decoder
+# alone only where its planned step is shorter by this share: the processes cost cores and memory.
+HYBRID_MIN_GAIN = 0.01
 # data.decoder: auto considers the GPU decoder only where at least this share of the shards' images
 # are JPEG: the rest it hands to PIL in its lane's one thread (PNG shards, as the quickstart's digits).
 MIN_JPEG_SHARE = 0.9
@@ -396,12 +400,16 @@ def resolve_autos(recipe: Recipe, gpus: int, sizes: RankSizes, *, rates: Optiona
             decoder = Choice("data.decoder", "pil", f"{_decoder_why(pil)}: they keep up, with open_clip's pixels "
                                                     "exactly")
         else:
-            hybrid = plan(recipe_with(recipe, "data", decoder="hybrid"))
-            faster = hybrid.step_s < pil.step_s
-            chosen = hybrid if faster else pil
+            # the GPU decoder alone, or beside the processes where that is clearly shorter
+            hybrid, alone = (plan(recipe_with(recipe, "data", decoder=d)) for d in ("hybrid", "nvjpeg"))
+            gpu = hybrid if hybrid.step_s < alone.step_s * (1 - HYBRID_MIN_GAIN) else alone
+            faster = gpu.step_s < pil.step_s
+            chosen = gpu if faster else pil
+            how = (f"the GPU decodes every row ({seconds_text(alone.step_s)} a step; "
+                   f"{seconds_text(hybrid.step_s)} with them beside it)" if gpu is alone
+                   else "the GPU decodes a share of each chunk beside them")
             decoder = Choice("data.decoder", chosen.recipe.data.decoder,
-                             f"{_decoder_why(pil)}: " + ("the GPU decodes a share of each chunk beside them" if faster
-                                                         else "the GPU decoder would not shorten the step"))
+                             f"{_decoder_why(pil)}: " + (how if faster else "the GPU decoder would not shorten the step"))
     choices = ((decoder,) if decoder else ()) + chosen.choices
     return Resolution(chosen.recipe, choices, chosen.decoding, chosen.time)
 

@@ -1,7 +1,8 @@
 """`data.decoder: auto`: PIL's processes where the engine does not wait for them in the planned
-step, else hybrid (the GPU decodes a share of each chunk beside them) where that makes the step
-shorter, pil on a CPU rank (plan/auto_values.py's one plan, asked per rank at start-up by
-training/resolve.py), and said by the planner with its reason."""
+step, else the GPU decoder where that makes the step shorter: alone (nvjpeg), or beside them
+(hybrid: a share of each chunk) where that is shorter still; pil on a CPU rank
+(plan/auto_values.py's one plan, asked per rank at start-up by training/resolve.py), and said by
+the planner with its reason."""
 import re
 
 import pytest
@@ -42,8 +43,9 @@ def test_pil_where_its_processes_keep_up_else_hybrid():
     given, needed = (float(x.replace(",", "")) for x in
                      re.match(r"14 PIL processes decode ([\d,]+) samples/s of the ([\d,]+) a ", chosen.why).groups())
     assert given == 14 * DECODE_RATES_PER_WORKER["pil"] < needed
-    # Fewer cores, fewer processes: ViT-L-14 binds on a 2-core share (1 process).
-    assert auto_decoder(slow, 1, H200, 1, split_cores(2, 1)).value == "hybrid"
+    # Fewer cores, fewer processes: ViT-L-14 binds on a 2-core share (1 process); the GPU decoder
+    # alone keeps up with its step, and the one process beside it would not shorten it.
+    assert auto_decoder(slow, 1, H200, 1, split_cores(2, 1)).value == "nvjpeg"
     assert auto_decoder(recipe_with(slow, "data", host_batch="decoded"), 1, H200, 1, share).value == "pil"
 
 
@@ -99,7 +101,8 @@ def test_each_rank_resolves_it_at_start_up_and_says_it_once(capsys):
 
 def test_png_shards_stay_with_pil_where_the_gpu_decoder_would_be_chosen_for_jpeg(tmp_path):
     """The quickstart's digits are PNG: the GPU decoder would hand each to PIL in its lane's one
-    thread, so `auto` keeps PIL's processes and says why; the same digits as JPEG get hybrid."""
+    thread, so `auto` keeps PIL's processes and says why; the same digits as JPEG get the GPU
+    decoder."""
     from infcl_ds.data.commands.digits import build_digits
     from infcl_ds.data.footprint import jpeg_share
     share = split_cores(2, 1)  # one decode process: ViT-L-14 at 16k binds on it (the test above)
@@ -110,6 +113,22 @@ def test_png_shards_stay_with_pil_where_the_gpu_decoder_would_be_chosen_for_jpeg
                                     f"data.train={tmp_path / image_format / 'train'}", "data.decoder=auto"])
         assert jpeg_share(recipe.data) == (0.0 if image_format == "png" else 1.0)
         chosen[image_format] = auto_decoder(recipe, 1, H200, 1, share)
-    assert chosen["jpg"].value == "hybrid"
+    assert chosen["jpg"].value == "nvjpeg"
     assert chosen["png"].value == "pil"
     assert chosen["png"].why == "0% of the first shard's images are JPEG: the GPU decoder takes JPEGs only"
+
+
+def test_the_gpu_decoder_alone_where_it_keeps_up_by_itself(monkeypatch):
+    """With a GPU decoder fast enough alone (a rate as benchmarks/decode.py would measure it),
+    `auto` takes it without the PIL processes: beside them the step would be no shorter. At
+    torchvision's measured rate the processes beside it still shorten the step: hybrid."""
+    from infcl_ds.data import footprint
+    share = split_cores(16, 1)
+    fast = load_recipe(f"{RECIPES}/vit-b32-512k-1gpu.yaml", ["data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec"])
+    assert auto_decoder(fast, 1, H200, 1, share).value == "hybrid"  # nvimgcodec at torchvision's 2,150/s
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_per_gpu", 20_000.0)
+    chosen = auto_decoder(fast, 1, H200, 1, share)
+    assert chosen.value == "nvjpeg", chosen
+    assert re.search(r"the GPU decodes every row \([\d.]+ s a step; [\d.]+ s with them beside it\)$", chosen.why)
+    # the other library keeps its own (measured) rate: hybrid there
+    assert auto_decoder(recipe_with(fast, "data", gpu_jpeg_library="torchvision"), 1, H200, 1, share).value == "hybrid"
