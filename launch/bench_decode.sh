@@ -8,7 +8,7 @@
 #   bash launch/bench_decode.sh l14-4cores          # ViT-L-14 16k on GPU 0 held to 4 cores (~7 min)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
-#   bash launch/bench_scale.sh wait 540                     #  then waited for, as bench_scale.sh says)
+#   SCALE_OUT=... bash launch/bench_scale.sh wait 540       #  then waited for, with the same SCALE_OUT)
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
 # The step parts time synthetic and JPEG steps of one model in one run (`vs_synthetic`), with
 # data.decoder auto and data.decode_workers auto, so each row says what the rank's plan chose.
