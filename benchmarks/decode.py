@@ -40,14 +40,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from infcl_ds.data.decoding.nvimgcodec_decode import GPU_BACKENDS
+
 from .common import run_identity, write_rows
 
 DEFAULT_OUT = Path("docs/benchmarks/decode.json")
 PIECE = 1024         # images per batched decode: the lane's piece (data/decoding/decode_pool.py's rows)
 IMAGE_SIZE = 224
 # nvImageCodec's backend sets, by row name: the trainer's, then each backend alone.
-NVIMGCODEC_BACKENDS = {"trainer's": ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"), "hardware": ("HW_GPU_ONLY",),
-                       "cuda": ("GPU_ONLY",), "hybrid": ("HYBRID_CPU_GPU",)}
+NVIMGCODEC_BACKENDS = {"trainer's": GPU_BACKENDS, "hardware": ("HW_GPU_ONLY",), "cuda": ("GPU_ONLY",),
+                       "hybrid": ("HYBRID_CPU_GPU",)}
 # The trainer's set again with this many CPU threads (the library's default is one per core of the
 # machine, which a rank shares with its decode processes, the other ranks and the towers' thread).
 FEW_CPU_THREADS = 2
@@ -70,7 +72,8 @@ def blobs_from(shard_dir: Path, n: int) -> List[bytes]:
 
 class Towers(threading.Thread):
     """A tower's forward and backward on one random chunk, over and over until `stop` is set,
-    on this thread's stream of `device`: each finished pass's end time."""
+    on `device`'s default stream (the decoder has a stream of its own): each finished pass's end
+    time."""
 
     def __init__(self, model: str, chunk: int, device):
         import torch
@@ -119,7 +122,11 @@ def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
     end, cpu_s = time.perf_counter(), time.process_time() - cpu
     towers.stop.set()
     towers.join()
-    return {"samples_per_s": towers.rate(start, end), "cpu_per_s": cpu_s / (end - start)}
+    rate = towers.rate(start, end)
+    if rate is None:
+        raise SystemExit(f"the {model} tower finished fewer than two passes in {seconds:g} s: a longer --seconds, "
+                         "or its thread failed (its error is above)")
+    return {"samples_per_s": rate, "cpu_per_s": cpu_s / (end - start)}
 
 
 def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None):
@@ -171,8 +178,11 @@ def library_log(shard_dir: Path, backends, device, images: int = 64) -> str:
             f"print('decoded', decoded_by_backend('nvimgcodec', {tuple(backends)!r}, {str(device)!r}, "
             f"blobs_from(sys.argv[1], {images})))")
     env = dict(os.environ, PYNVIMGCODEC_VERBOSITY="3")
-    done = subprocess.run([sys.executable, "-c", code, str(shard_dir)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(shard_dir)], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).resolve().parents[1])
+    except (subprocess.TimeoutExpired, OSError) as err:  # the rows matter more than the log
+        return f"no log: {err}"
     return (done.stdout + done.stderr)[-4000:]
 
 
@@ -322,9 +332,12 @@ def main(argv=None) -> List[dict]:
         p.error("--shards is needed (or --steps-from)")
 
     import torch
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # an index: the tower's thread sets it as its current device
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+    if any("=" not in item for item in args.shards.split(",")):
+        p.error(f"--shards takes NAME=FOLDER[,NAME=FOLDER], got {args.shards!r}")
     folders: Dict[str, Path] = dict((name, Path(folder)) for name, folder in
                                     (item.split("=", 1) for item in args.shards.split(",")))
     decoders = decoders_here(args.libraries.split(","))
@@ -332,12 +345,14 @@ def main(argv=None) -> List[dict]:
     print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
     identity = {**run_identity(), "cpus": os.cpu_count(), "command": "python -m benchmarks.decode " +
                 " ".join(argv if argv is not None else sys.argv[1:])}
+    # the step rows already in --out stay (`--steps-from` made them)
+    steps = [r for r in json.loads(args.out.read_text())["rows"] if r.get("kind") == "step"] if args.out.is_file() else []
     rows = []
     for name, folder in folders.items():
         blobs = blobs_from(folder, args.images)
         rows += [{**row, **identity} for row in
                  decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model)]
-        write_rows(args.out, rows, identity)  # after each folder: a call cut short keeps it
+        write_rows(args.out, rows + steps, identity)  # after each folder: a call cut short keeps it
     from .plot_data import plot_decode
     plot_decode(args.out, args.out.with_suffix(".png"))
     return rows

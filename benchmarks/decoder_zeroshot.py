@@ -13,13 +13,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from infcl_ds.data.decoding.nvimgcodec_decode import GPU_DECODERS
+
 from .common import run_identity, write_rows
 from .digits_runs import train_digits, zeroshot_summary
 
 DEFAULT_OUT = Path("docs/benchmarks/decoder_zeroshot.json")
-
-
-GPU_DECODERS = ("nvjpeg", "hybrid")
 
 
 def train_once(digits: Path, decoder: str, seed: int, run_dir: Path, steps: int, library: str = "torchvision") -> dict:

@@ -218,10 +218,10 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
     """Scaling runs (docs/benchmarks/scale.json), each part with its card: samples/s per GPU beside
     the planner's (efficiency over the bar); the step measured beside the planner's, its decode
     wait marked; measured against planned host and GPU memory; the losses of the one-node and
-    two-node runs."""
+    two-node runs. This engine's rows only (OpenCLIP's trainer beside it has no plan)."""
     plt = pyplot()
     data = json.loads(Path(json_path).read_text())
-    rows = [r for r in data["rows"] if "samples_per_s" in r]
+    rows = [r for r in data["rows"] if "samples_per_s" in r and r.get("impl", "infcl_ds") == "infcl_ds"]
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.8))
     names = [f"{r['part']}\n{r['world']} x {str(r.get('device', '')).replace('NVIDIA ', '')}, {r['nodes']} node"
              f"{'s' if r['nodes'] > 1 else ''}" for r in rows]

@@ -34,7 +34,7 @@ make_shards() {
   [ -f "$large/photos.json" ] ||
     python3 -m infcl_ds.cli data photos --out "$large" --samples 8192 --shard-size 2048 --shorter 576,704
 }
-steps() {  # one GPU held to CORES cores: synthetic and JPEG steps of MODEL at BATCH, auto decoder
+one_gpu_steps() {  # one GPU held to CORES cores: synthetic and JPEG steps of MODEL at BATCH, auto decoder
   local cores=$1 model=$2 batch=$3
   CUDA_VISIBLE_DEVICES=0 taskset -c "0-$((cores - 1))" python3 -m infcl_ds.cli bench train --world 1 \
     --model "$model" --batch "$batch" --chunk auto --compile --steps 2 --data synthetic,jpeg \
@@ -47,8 +47,8 @@ for part in "$@"; do
     decoders) make_shards
               CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode --shards "photos=$shards,large=$large" \
                 --out "$out/decode.json" ;;
-    b16-8cores) make_shards; steps 8 ViT-B-16 32k ;;
-    l14-4cores) make_shards; steps 4 ViT-L-14 16k ;;
+    b16-8cores) make_shards; one_gpu_steps 8 ViT-B-16 32k ;;
+    l14-4cores) make_shards; one_gpu_steps 4 ViT-L-14 16k ;;
     zeroshot) CUDA_VISIBLE_DEVICES=0 python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
                 --gpu-jpeg-library nvimgcodec --out "$out/decoder_zeroshot.json" ;;
     b32-2m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m ;;

@@ -5,7 +5,7 @@
 #   bash launch/bench_nccl.sh faults-1 ... faults-4   # two scenarios each of the fault matrix on 4 NCCL
 #                                                     #  ranks: $OUT/faults_nccl-K.json (benchmarks/faults.py)
 #   HOST_MEMORY=500GiB bash launch/bench_nccl.sh engine-128k   # this engine, ViT-B-16 at 131,072 through
-#   bash launch/bench_scale.sh wait 540                          #  train.sh (started, then waited for)
+#   SCALE_OUT=$OUT/scale.json bash launch/bench_scale.sh wait 540   #  train.sh (started, then waited for)
 #   bash launch/bench_nccl.sh open-clip-train-128k    # open_clip_train under torchrun, same shards and GPUs:
 #                                                     #  its row beside the engine's in scale.json
 #   bash launch/bench_nccl.sh siglip-ring             # the SigLIP ring at 1M and 4M, D 768 and 1152, with

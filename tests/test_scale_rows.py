@@ -71,3 +71,18 @@ def test_open_clip_trains_row_sits_beside_the_engines_part_with_the_ratio_of_one
     rows = main(["--rows", str(rows_file), "--out", str(out)])
     assert len(rows) == 3 and rows[2]["vs_open_clip_train"] is None and rows[2]["commit"] == "b"
     assert "vs_open_clip_train" not in rows[0]
+
+
+def test_the_scale_plot_draws_this_engines_rows_beside_open_clip_trains(tmp_path):
+    import json
+
+    from benchmarks.plot import plot_scale
+    engine = {**row("four-gpu-128k", 8000.0, "a"), "model": "ViT-B-16", "B": 131072, "impl": "infcl_ds", "nodes": 1,
+              "plan_step_s": 14.1, "step_s": 16.3, "decode_wait_share": 0.03, "host_gib": 44.9, "plan_host_gib": 47.0,
+              "peak_mib": 42516.0, "plan_peak_mib": 43066.0, "loss": [11.8, 12.0, 12.5]}
+    trainer = {"part": "four-gpu-128k-open-clip-train", "impl": "open_clip_train", "model": "ViT-B-16", "B": 131072,
+               "world": 4, "nodes": 1, "samples_per_s": 5000.0, "step_s": 26.2, "commit": "a", "device": "H100"}
+    path = tmp_path / "scale.json"
+    path.write_text(json.dumps({"meta": {}, "rows": [engine, trainer]}))
+    plot_scale(path, tmp_path / "scale.png")
+    assert (tmp_path / "scale.png").stat().st_size > 0

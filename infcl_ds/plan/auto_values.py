@@ -403,6 +403,8 @@ def resolve_autos(recipe: Recipe, gpus: int, sizes: RankSizes, *, rates: Optiona
             # the GPU decoder alone, or beside the processes where that is clearly shorter
             hybrid, alone = (plan(recipe_with(recipe, "data", decoder=d)) for d in ("hybrid", "nvjpeg"))
             gpu = hybrid if hybrid.step_s < alone.step_s * (1 - HYBRID_MIN_GAIN) else alone
+            if gpu is alone and hybrid.step_s < pil.step_s <= alone.step_s:
+                gpu = hybrid  # shorter than PIL's where the GPU decoder alone is not
             faster = gpu.step_s < pil.step_s
             chosen = gpu if faster else pil
             how = (f"the GPU decodes every row ({seconds_text(alone.step_s)} a step; "

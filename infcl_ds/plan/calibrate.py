@@ -174,8 +174,10 @@ def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List
         if row is None:
             continue
         rates[f"{key}_per_gpu"] = round(row["images_per_s"], 1)
+        rates.pop(f"{key}_towers_slowdown", None)  # the rate's own run, or none: never an older run's
         if row.get("towers_slowdown"):
-            rates[f"{key}_towers_slowdown"] = round(row["towers_slowdown"], 4)
+            # below 1 is noise: a decoder beside the towers does not speed them up
+            rates[f"{key}_towers_slowdown"] = round(max(1.0, row["towers_slowdown"]), 4)
         rates[f"{key}_source"] = (
             f"docs/benchmarks/{Path(decode_path).name}, commit {row.get('commit')}, {row.get('device')}: the "
             f"trainer's piece decoder through {library} on the photos shards ({row['bytes_per_image']:,.0f} B a JPEG), "

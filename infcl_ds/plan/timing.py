@@ -318,7 +318,9 @@ def step_time(model: ModelEstimate, recipe: Recipe, world: int, rates: KernelRat
         encoder_rate *= zero2 / (encode + reencode)
         source += (f"; ZeRO-3's per-module hooks: x{ZERO3_ENCODER_SLOWDOWN}, at least {ZERO3_CHUNK_FLOOR_S[0]} + "
                    f"{ZERO3_CHUNK_FLOOR_S[1]} s per chunk (measured on one GPU)")
+    before = encode + reencode
     encode, reencode, source = beside_gpu_decoder(recipe.data, local, encode, reencode, source)
+    encoder_rate *= before / (encode + reencode) if encode + reencode > 0 else 1.0
     if world == 1:
         hop, loss, hiding = None, 8 * local * local * model.embed_dim / rate.flops, None
     else:

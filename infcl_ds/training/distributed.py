@@ -54,8 +54,8 @@ def fill_env_from_launcher() -> None:
 DEFAULT_TIMEOUT_MIN = 30.0
 # TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: after a collective timed out, torch's watchdog waits for
 # its debug dump and then sleeps NCCL_DUMP_WAITS times this before it takes the process down
-# (Watchdog::runLoop; measured: rank 0 left 55 s after its peer stopped, at a 15 s timeout and
-# 10 s here, on 2 x H200), so a stopped peer ends the job within its timeout plus 10 s.
+# (Watchdog::runLoop; docs/reliability.md has the run that showed it): a stopped peer ends the
+# job within its timeout plus NCCL_DUMP_WAITS x NCCL_DUMP_WAIT_MS = 10 s.
 NCCL_DUMP_WAIT_MS = 2_500
 NCCL_DUMP_WAITS = 4
 JOIN_TIMEOUT_MIN = 10.0

@@ -132,3 +132,25 @@ def test_the_gpu_decoder_alone_where_it_keeps_up_by_itself(monkeypatch):
     assert re.search(r"the GPU decodes every row \([\d.]+ s a step; [\d.]+ s with them beside it\)$", chosen.why)
     # the other library keeps its own (measured) rate: hybrid there
     assert auto_decoder(recipe_with(fast, "data", gpu_jpeg_library="torchvision"), 1, H200, 1, share).value == "hybrid"
+
+
+def test_hybrid_where_it_alone_beats_pil_even_within_its_margin_over_the_gpu_decoder_alone(monkeypatch):
+    """The rule's corner: hybrid less than 1% shorter than the GPU decoder alone, which is longer
+    than PIL's step, while hybrid is shorter than PIL's: hybrid, the shortest."""
+    from types import SimpleNamespace
+    from infcl_ds.plan import auto_values
+    steps = {"pil": 10.0, "nvjpeg": 10.05, "hybrid": 9.98}
+
+    def fake_plan(recipe, *args):
+        decoding = SimpleNamespace(binds=True, workers=14, available=2380.0, needed=3000.0)
+        return SimpleNamespace(recipe=recipe, choices=(), decoding=decoding, time=SimpleNamespace(total=9.0),
+                               step_s=steps[recipe.data.decoder])
+    monkeypatch.setattr(auto_values, "_plan_decoder", fake_plan)
+    monkeypatch.setattr(auto_values, "jpeg_share", lambda data: 1.0)
+    recipe = load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "data.source=webdataset", "data.train=x",
+                                "data.decoder=auto"])
+    assert auto_decoder(recipe, 1, H200, 1, split_cores(16, 1)).value == "hybrid"
+    steps.update(hybrid=10.02)  # now longer than PIL's: PIL
+    assert auto_decoder(recipe, 1, H200, 1, split_cores(16, 1)).value == "pil"
+    steps.update(nvjpeg=9.0, hybrid=8.95)  # hybrid within 1% of the GPU decoder alone: alone
+    assert auto_decoder(recipe, 1, H200, 1, split_cores(16, 1)).value == "nvjpeg"

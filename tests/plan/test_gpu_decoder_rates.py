@@ -57,3 +57,13 @@ def test_the_towers_slow_by_the_measured_factor_over_the_share_of_time_the_decod
     assert beside_gpu_decoder(tv, 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
     assert beside_gpu_decoder(data.model_copy(update={"decoder": "pil"}), 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
     assert footprint.gpu_decode_rate("nvimgcodec") == 200.0 and footprint.gpu_decode_rate("torchvision") == 2150.0
+
+
+def test_a_new_rate_never_keeps_an_older_runs_slowdown_and_noise_below_one_is_one(tmp_path):
+    out = tmp_path / "calibration"
+    shutil.copytree(CALIBRATION, out)
+    assert calibrate.main(["--decode", str(decode_json(tmp_path, 9000.0, 0.97)), "--out", str(out)]) == 0
+    assert json.loads((out / "decode_rates.json").read_text())["nvimgcodec_towers_slowdown"] == 1.0
+    assert calibrate.main(["--decode", str(decode_json(tmp_path, 9500.0, None)), "--out", str(out)]) == 0
+    rates = json.loads((out / "decode_rates.json").read_text())
+    assert rates["nvimgcodec_per_gpu"] == 9500.0 and "nvimgcodec_towers_slowdown" not in rates

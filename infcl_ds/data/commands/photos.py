@@ -101,7 +101,7 @@ def make_photo_shards(out, samples: int, shard_size: int, *, seed: int = 0, phot
     with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
         image_bytes = sum(pool.map(_write_shard, tasks))
     summary = {"samples": samples, "shards": len(tasks), "image_bytes_per_sample": image_bytes / samples,
-               "shorter_side": list(shorter), "jpeg_quality": quality}
+               "shorter_side": [shorter[0], shorter[1] - 1], "jpeg_quality": quality}  # inclusive, as --shorter
     (out / "photos.json").write_text(json.dumps(summary, indent=1))
     return summary
 
