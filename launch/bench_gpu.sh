@@ -5,10 +5,6 @@
 #   bash launch/bench_gpu.sh loss --out "$OUT/loss.json"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source launch/gpu_host.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 python3 -m infcl_ds.cli bench "$@"

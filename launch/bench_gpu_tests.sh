@@ -18,13 +18,7 @@ case "${1:-}" in  # the arguments checked before anything is installed or run
   round) [ $# -eq 3 ] && [[ "$2" =~ ^[0-9]+$ ]] && [[ "$3" =~ ^[0-9]+/[0-9]+$ ]] || usage ;;
   *) usage ;;
 esac
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.infcl-ds-wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  touch /tmp/site/.infcl-ds-wheels
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true

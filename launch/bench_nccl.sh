@@ -18,13 +18,7 @@ usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2;
 for part in "$@"; do
   case "$part" in faults-[1-4]|engine-128k|open-clip-train-128k|siglip-ring) ;; *) usage ;; esac
 done
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.infcl-ds-wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  touch /tmp/site/.infcl-ds-wheels
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
 scenarios=(kill-rank:step,kill-rank:save stop-rank:step,stop-rank:save term-launcher:step,term-launcher:save

@@ -15,19 +15,7 @@
 # Shards are made once per host under $SHARDS; runs and logs go under $WORK.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.infcl-ds-wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  touch /tmp/site/.infcl-ds-wheels
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
-# train.sh runs `python` and `deepspeed`: an image with only python3 gets a `python` beside it
-if ! command -v python >/dev/null; then
-  mkdir -p /tmp/infcl-ds-bin && ln -sf "$(command -v python3)" /tmp/infcl-ds-bin/python
-  export PATH=/tmp/infcl-ds-bin:$PATH
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-# NVLink multicast stays off on shared hosts (the lent machines' KINDS.md says why).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source launch/gpu_host.sh
 work=${WORK:-/tmp/infcl-ds-scale}
 out=${SCALE_OUT:-docs/benchmarks/scale.json}
 common=(--work "$work" --shards "${SHARDS:-/tmp/infcl-ds-photos}" --out "$out")
