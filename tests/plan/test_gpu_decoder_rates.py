@@ -45,6 +45,7 @@ def test_calibrate_writes_the_trainers_decoder_beside_training_and_keeps_the_res
 def test_the_towers_slow_by_the_measured_factor_over_the_share_of_time_the_decoder_is_busy(monkeypatch):
     data = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "nvjpeg",
                                            "gpu_jpeg_library": "nvimgcodec"}}).data
+    monkeypatch.delitem(footprint._DECODE_RATES, "nvimgcodec_towers_slowdown", raising=False)
     assert beside_gpu_decoder(data, 1000, 3.0, 7.0, "src") == (3.0, 7.0, "src")  # not measured: x1
     monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_towers_slowdown", 1.1)
     monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_per_gpu", 200.0)
@@ -52,11 +53,12 @@ def test_the_towers_slow_by_the_measured_factor_over_the_share_of_time_the_decod
     encode, reencode, source = beside_gpu_decoder(data, 1000, 3.0, 7.0, "src")
     assert (encode, reencode) == (pytest.approx(3.15), pytest.approx(7.35))
     assert source == "src; x1.050 beside the GPU decoder (x1.1 while it decodes, 50% of the time)"
-    # torchvision's decoder has its own (unmeasured) slowdown; the PIL processes slow nothing here
+    # torchvision's decoder has its own slowdown (here: unmeasured); the PIL processes slow nothing here
+    monkeypatch.delitem(footprint._DECODE_RATES, "nvjpeg_towers_slowdown", raising=False)
     tv = data.model_copy(update={"gpu_jpeg_library": "torchvision"})
     assert beside_gpu_decoder(tv, 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
     assert beside_gpu_decoder(data.model_copy(update={"decoder": "pil"}), 1000, 3.0, 7.0, "src")[:2] == (3.0, 7.0)
-    assert footprint.gpu_decode_rate("nvimgcodec") == 200.0 and footprint.gpu_decode_rate("torchvision") == 2150.0
+    assert footprint.gpu_decode_rate("nvimgcodec") == 200.0 and footprint.gpu_decode_rate("torchvision") == footprint._DECODE_RATES["nvjpeg_per_gpu"]
 
 
 def test_a_new_rate_never_keeps_an_older_runs_slowdown_and_noise_below_one_is_one(tmp_path):
