@@ -172,14 +172,17 @@ class DataSection(Section):
     # libjpeg-turbo, torch's resize) in the same processes, pixels close to PIL's; nvjpeg decodes
     # on the rank's GPU (no decode processes); hybrid splits each chunk between the PIL processes
     # and the GPU (data/decoding/encoded.py ChunkDecoder, data/decoding/device_decode.py;
-    # docs/training.md). auto: resolved per rank at start-up from the measured decode rates: pil
-    # where the rank's decode processes keep up with its planned step (and on a CPU rank), else
-    # hybrid, and pil for shards that are not JPEG (plan/auto_values.py).
-    # Not the default until a GPU run measures the GPU decoder beside training (benchmarks/decode.py).
-    decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "pil"
+    # docs/training.md). auto: resolved per rank at start-up from the measured decode rates
+    # (infcl_ds/calibration/decode_rates.json, docs/benchmarks/decode.json): pil where the rank's
+    # decode processes keep up with its planned step (and on a CPU rank, and for shards that are
+    # not JPEG), else the GPU decoder alone (nvjpeg), or hybrid where the processes beside it
+    # shorten the step (plan/auto_values.py).
+    decoder: Literal["auto", "pil", "torchvision", "nvjpeg", "hybrid"] = "auto"
     # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
     # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
-    # call reaches the GPU's hardware JPEG decoder (data/decoding/nvimgcodec_decode.py).
+    # call reaches the GPU's hardware JPEG decoder (data/decoding/nvimgcodec_decode.py). Both
+    # decode ~3,100 photos/s beside a training tower on an H200; torchvision's slows the tower
+    # less (docs/benchmarks/decode.json), so it stays the default.
     gpu_jpeg_library: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
     # rates of the GPU and of decode_workers PIL processes (data/footprint.py: gpu_decode_share).

@@ -147,8 +147,8 @@ def test_decoding_rate_binds_the_step(rates, capsys):
     """2 x local batch decodes per step per rank; too few decode processes make the engine wait
     for them (plan/overlap.py) at least the decoding time beyond the compute, whatever the
     window, and the report says how many processes would keep up."""
-    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decode_workers=2", "data.keep_decoded_gib=0",
-                                                              "data.keep_decoded_host_gib=0"])
+    recipe = load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml", ["data.decoder=pil", "data.decode_workers=2",
+                                                              "data.keep_decoded_gib=0", "data.keep_decoded_host_gib=0"])
     plan = make_plan(recipe, 1, 139 * GIB, 1, 128 * GIB, rates=rates)
     decoding = plan.decoding
     assert decoding.decodes == 2 * 524_288 and decoding.binds and decoding.overlap.rate_binds
@@ -157,7 +157,8 @@ def test_decoding_rate_binds_the_step(rates, capsys):
     assert plan.step_seconds == pytest.approx(plan.time.total + decoding.wait_s)
     assert decoding.wait_s >= decoding.overlap.bound_s - 1e-6
     assert main(["--config", str(RECIPES / "vit-b32-512k-1gpu.yaml"), "--gpus", "1", "--gpu-memory", "139GiB",
-                 "--host-memory", "128GiB", "--set", "data.decode_workers=2", "--set", "data.keep_decoded_gib=0",
+                 "--host-memory", "128GiB", "--set", "data.decoder=pil", "--set", "data.decode_workers=2",
+                 "--set", "data.keep_decoded_gib=0",
                  "--set", "data.keep_decoded_host_gib=0"]) == 0
     out = capsys.readouterr().out
     assert "decoding binds: a steady step waits " in out
