@@ -43,6 +43,7 @@ from typing import Dict, List, Optional
 from infcl_ds.data.decoding.nvimgcodec_decode import GPU_BACKENDS
 
 from .common import run_identity, write_rows
+from .proc_cpu import thread_cpu_s
 
 DEFAULT_OUT = Path("docs/benchmarks/decode.json")
 PIECE = 1024         # images per batched decode: the lane's piece (data/decoding/decode_pool.py's rows)
@@ -85,7 +86,7 @@ class Towers(threading.Thread):
         size = self.tower.image_size
         size = size[0] if isinstance(size, (tuple, list)) else size
         self.images = torch.randn(chunk, 3, size, size, device=self.device)
-        self.stop, self.ends = threading.Event(), []
+        self.stop, self.ends, self.tid = threading.Event(), [], None
 
     def one_pass(self) -> None:
         import torch
@@ -98,6 +99,7 @@ class Towers(threading.Thread):
 
     def run(self) -> None:
         import torch
+        self.tid = threading.get_native_id()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         while not self.stop.is_set():
@@ -140,25 +142,71 @@ def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = N
     return BatchedDevicePieces(transform, 0, device, library=library, jpegs=jpegs)
 
 
-def decode_all(pieces, blobs: List[bytes]) -> None:
+class PhaseClock:
+    """Wall and CPU seconds of the decoding thread in each part of the piece decoder (its parts
+    wrapped for one timed run): where its host time goes, and how much of it is waiting."""
+    PHASES = ("jpeg library", "crop draws", "crop launch", "waiting for the GPU")
+
+    def __init__(self):
+        self.wall = dict.fromkeys(self.PHASES, 0.0)
+        self.cpu = dict.fromkeys(self.PHASES, 0.0)
+
+    def timed(self, phase: str, fn):
+        def wrapped(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[phase] += time.perf_counter() - wall
+                self.cpu[phase] += time.thread_time() - cpu
+        return wrapped
+
+    def per_image_us(self, images: int) -> dict:
+        return {phase: {"wall": self.wall[phase] / images * 1e6, "cpu": self.cpu[phase] / images * 1e6}
+                for phase in self.PHASES}
+
+
+def decode_all(pieces, blobs: List[bytes], clock: Optional[PhaseClock] = None) -> None:
     """Every PIECE of `blobs` decoded and cropped, the next piece queued before waiting for the
-    last one's event (the lane's overlap of host and GPU work)."""
+    last one's event (the lane's overlap of host and GPU work). `clock`: the parts timed."""
+    wait = (lambda event: event.synchronize()) if clock is None else clock.timed("waiting for the GPU",
+                                                                                 lambda event: event.synchronize())
     previous = None
     for row0 in range(0, len(blobs), PIECE):
         part = blobs[row0:row0 + PIECE]
         _, event = pieces.decode((row0, part, 0, list(range(row0, row0 + len(part)))))
         if previous is not None:
-            previous.synchronize()
+            wait(previous)
         previous = event
     if previous is not None:
-        previous.synchronize()
+        wait(previous)
 
 
-def timed_decode(pieces, blobs: List[bytes]) -> dict:
-    start, cpu = time.perf_counter(), time.process_time()
-    decode_all(pieces, blobs)
-    end = time.perf_counter()
-    return {"start": start, "end": end, "seconds": end - start, "cpu_s": time.process_time() - cpu}
+def timed_decode(pieces, blobs: List[bytes], towers_tid: Optional[int] = None) -> dict:
+    """One timed run of decode_all: its wall time, and the CPU seconds of the decoding thread
+    (by part: PhaseClock), of the towers' thread (`towers_tid`) and of every other thread of this
+    process (the library's and CUDA's), read from /proc."""
+    from infcl_ds.data.decoding import device_decode
+    clock = PhaseClock()
+    saved = pieces.jpegs, pieces.geometry.boxes, device_decode.resized_crops
+    pieces.jpegs = clock.timed("jpeg library", pieces.jpegs)
+    pieces.geometry.boxes = clock.timed("crop draws", pieces.geometry.boxes)
+    device_decode.resized_crops = clock.timed("crop launch", device_decode.resized_crops)
+    try:
+        threads_before = thread_cpu_s(os.getpid())
+        start, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
+        decode_all(pieces, blobs, clock)
+        end, cpu_s, mine_s = time.perf_counter(), time.process_time() - cpu, time.thread_time() - mine
+        threads_after = thread_cpu_s(os.getpid())
+    finally:
+        pieces.jpegs, pieces.geometry.boxes, device_decode.resized_crops = saved
+        if "boxes" in vars(pieces.geometry):
+            del pieces.geometry.boxes
+    delta = {tid: threads_after[tid][1] - threads_before.get(tid, ("", 0.0))[1] for tid in threads_after}
+    towers_s = delta.get(towers_tid, 0.0) if towers_tid is not None else 0.0
+    return {"start": start, "end": end, "seconds": end - start, "cpu_s": cpu_s, "decoding_thread_s": mine_s,
+            "towers_thread_s": towers_s, "other_threads_s": max(cpu_s - mine_s - towers_s, 0.0),
+            "phases": clock}
 
 
 def decoded_by_backend(library: str, backends, device, blobs: List[bytes]) -> Optional[int]:
@@ -183,7 +231,19 @@ def library_log(shard_dir: Path, backends, device, images: int = 64) -> str:
                               timeout=300, cwd=Path(__file__).resolve().parents[1])
     except (subprocess.TimeoutExpired, OSError) as err:  # the rows matter more than the log
         return f"no log: {err}"
-    return (done.stdout + done.stderr)[-4000:]
+    return telling_lines(done.stdout + done.stderr)
+
+
+# nvImageCodec's lines worth keeping from a verbose log: the engines, failures, what it decoded.
+TELLING = re.compile(r"(?i)hw decoder|hardware|engine|not supported|fail|trying next|error|warn|^decoded ")
+
+
+def telling_lines(log: str, limit: int = 4000) -> str:
+    """The lines of a verbose nvImageCodec log that say which backends it could use and why it
+    passed images on (its registration and unloading lines dropped), at most `limit` characters."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in log.splitlines()]
+    kept = [line for line in lines if TELLING.search(line) and "unregistering" not in line.lower()]
+    return "\n".join(kept)[:limit]
 
 
 def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
@@ -214,17 +274,24 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
         towers.one_pass()
         towers.start()
         time.sleep(1.0)
-        beside = timed_decode(pieces, blobs)
+        beside = timed_decode(pieces, blobs, towers.tid)
         towers.stop.set()
         towers.join()
         beside_rate = towers.rate(beside["start"], beside["end"])
         for run, beside_training in ((by_itself, False), (beside, True)):
-            cpu_s = run["cpu_s"] - (alone["cpu_per_s"] * run["seconds"] if beside_training else 0.0)
-            row = {**base, "beside_training": beside_training, "images_per_s": len(blobs) / run["seconds"],
-                   "host_us_per_image": max(cpu_s, 0.0) / len(blobs) * 1e6}
+            n, phases = len(blobs), run["phases"]
+            waiting = phases.cpu["waiting for the GPU"]  # a CUDA wait spins on a core: not work
+            host_s = run["decoding_thread_s"] - waiting + run["other_threads_s"]
+            row = {**base, "beside_training": beside_training, "images_per_s": n / run["seconds"],
+                   "host_us_per_image": host_s / n * 1e6,
+                   "decoding_thread_us_per_image": (run["decoding_thread_s"] - waiting) / n * 1e6,
+                   "other_threads_us_per_image": run["other_threads_s"] / n * 1e6,
+                   "waiting_cpu_us_per_image": waiting / n * 1e6,
+                   "phases_us_per_image": phases.per_image_us(n)}
             if beside_training:
                 row.update(towers_model=model, towers_chunk=chunk, towers_samples_per_s_alone=alone["samples_per_s"],
                            towers_samples_per_s_beside=beside_rate,
+                           towers_thread_us_per_image=run["towers_thread_s"] / n * 1e6,
                            towers_slowdown=(alone["samples_per_s"] / beside_rate
                                             if beside_rate and alone["samples_per_s"] else None))
             rows.append(row)
@@ -315,8 +382,13 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--model", default="ViT-B-16", help="the tower trained beside the decoder")
     p.add_argument("--chunk", type=int, default=256, help="the tower's samples per pass")
     p.add_argument("--seconds", type=float, default=10.0, help="the tower's timed run alone")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="seconds: sys.setswitchinterval for the run (Python's default 0.005), how long a thread "
+                        "waiting for the GIL waits before the running one is asked to drop it")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.steps_from:
         rows = with_steps(args.out, [Path(f) for f in args.steps_from.split(",")])
         meta = json.loads(args.out.read_text())["meta"] if args.out.is_file() else run_identity()
@@ -327,6 +399,8 @@ def main(argv=None) -> List[dict]:
                   f"{row['samples_per_s']:,.0f} samples/s, {'' if vs is None else f'{vs:.3f}x synthetic, '}"
                   f"decode wait {row['decode_wait_share']:.1%}, decoder {row['decoder']} -> {row['decoder_resolved']}",
                   flush=True)
+        from .plot_data import plot_decode
+        plot_decode(args.out, args.out.with_suffix(".png"))
         return rows
     if not args.shards:
         p.error("--shards is needed (or --steps-from)")
@@ -343,7 +417,8 @@ def main(argv=None) -> List[dict]:
     decoders = decoders_here(args.libraries.split(","))
     alone = towers_alone(args.model, args.chunk, device, args.seconds)
     print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
-    identity = {**run_identity(), "cpus": os.cpu_count(), "command": "python -m benchmarks.decode " +
+    identity = {**run_identity(), "cpus": os.cpu_count(), "cores": len(os.sched_getaffinity(0)),
+                "switch_interval_s": sys.getswitchinterval(), "command": "python -m benchmarks.decode " +
                 " ".join(argv if argv is not None else sys.argv[1:])}
     # the step rows already in --out stay (`--steps-from` made them)
     steps = [r for r in json.loads(args.out.read_text())["rows"] if r.get("kind") == "step"] if args.out.is_file() else []

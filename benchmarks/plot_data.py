@@ -78,12 +78,14 @@ def plot_host_memory(json_path: Path, png_path: Path) -> None:
 
 def plot_decode(json_path: Path, png_path: Path) -> None:
     """The GPU decoder's rows (benchmarks/decode.py): images/s and host µs per image of each
-    library and backend, alone and beside training, per shard folder; the towers' slowdown beside."""
+    library and backend, alone and beside training, per shard folder; the towers' slowdown beside;
+    the step rows' JPEG rate over the synthetic rate of the same run."""
     plt = pyplot()
     data = json.loads(Path(json_path).read_text())
-    rows = [r for r in data["rows"] if "images_per_s" in r]
+    rows = [r for r in data["rows"] if r.get("kind") != "step" and {"images_per_s", "shards"} <= set(r)]
+    steps = [r for r in data["rows"] if r.get("kind") == "step" and r.get("vs_synthetic") is not None]
     keys = list(dict.fromkeys((r["shards"], r["gpu_jpeg_library"], r["backend"]) for r in rows))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.5))
     x = range(len(keys))
     for offset, beside, label in ((-0.2, False, "alone"), (0.2, True, "beside training")):
         by_key = {(r["shards"], r["gpu_jpeg_library"], r["backend"]): r for r in rows if r["beside_training"] == beside}
@@ -92,6 +94,15 @@ def plot_decode(json_path: Path, png_path: Path) -> None:
     beside_rows = {(r["shards"], r["gpu_jpeg_library"], r["backend"]): r for r in rows if r["beside_training"]}
     axes[2].bar(list(x), [(beside_rows.get(k) or {}).get("towers_slowdown") or 0 for k in keys], 0.6)
     axes[2].axhline(1.0, color="gray", ls=":")
+    labels = [f"{r['model']} {r['B']:,} x{r['world']}, {r['cores']} cores: {r['decoder']} -> {r['decoder_resolved']}"
+              for r in steps]
+    axes[3].bar(range(len(steps)), [r["vs_synthetic"] for r in steps], 0.6)
+    axes[3].axhline(0.98, color="red", ls=":", lw=1, label="0.98")
+    axes[3].set_ylim(0.5, 1.05)
+    axes[3].set_xticks(list(range(len(steps))))
+    axes[3].set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    axes[3].set_title("steps from JPEG / synthetic steps, same run", fontsize=9)
+    axes[3].legend(fontsize=8)
     titles = ("images decoded and cropped / s", "host µs per image", "towers' time beside the decoder / alone")
     for ax, title in zip(axes, titles):
         ax.set_xticks(list(x))

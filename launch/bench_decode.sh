@@ -4,6 +4,7 @@
 # four-GPU host (carry .whl with the gpu-decode wheels: ../shared/tools/gpu-wheels.sh .whl
 # nvidia-nvimgcodec-cu13 nvidia-nvjpeg nvidia-nvjpeg2k-cu13 nvidia-nvtiff-cu13):
 #   bash launch/bench_decode.sh decoders            # decoder rows, photos and ~100 KB photos (~4 min)
+#   bash launch/bench_decode.sh decoders-switch     # the same at a 0.5 ms GIL switch interval (decode_switch.json)
 #   bash launch/bench_decode.sh b16-8cores          # ViT-B-16 32k on one GPU held to 8 cores (~5 min)
 #   bash launch/bench_decode.sh l14-4cores          # ViT-L-14 16k on one GPU held to 4 cores (~6 min)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
@@ -24,7 +25,7 @@
 # under $SHARDS and 8,192 photos of ~100 KB under $LARGE, made once per host.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ $# -gt 0 ] || { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
@@ -90,6 +91,9 @@ while [ $# -gt 0 ]; do
     decoders) make_shards
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" \
                 --out "$out/decode.json" ;;
+    decoders-switch) make_shards
+              on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" --switch-interval 0.0005 \
+                --out "$out/decode_switch.json" ;;
     b16-8cores) make_shards; one_gpu_steps 8 ViT-B-16 32k "$part" ;;
     l14-4cores) make_shards; one_gpu_steps 4 ViT-L-14 16k "$part" ;;
     zeroshot) on_gpu python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \

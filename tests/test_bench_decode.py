@@ -33,11 +33,33 @@ def test_decoder_rows_alone_and_beside_a_tower(tmp_path):
         assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
         assert row["images"] == 40 and row["images_per_s"] > 0 and row["host_us_per_image"] >= 0
         assert 20_000 < row["bytes_per_image"] < 60_000
+        # the host time is the decoding thread's work (its CUDA waits left out) and the other
+        # threads' (the library's), each part of the decoding thread timed
+        assert row["host_us_per_image"] == pytest.approx(row["decoding_thread_us_per_image"]
+                                                         + row["other_threads_us_per_image"])
+        phases = row["phases_us_per_image"]
+        assert set(phases) == {"jpeg library", "crop draws", "crop launch", "waiting for the GPU"}
+        assert phases["jpeg library"]["wall"] > 0 and phases["crop launch"]["wall"] > 0
+        work = sum(phases[p]["cpu"] for p in ("jpeg library", "crop draws", "crop launch"))
+        assert work <= row["decoding_thread_us_per_image"] + 1.0
+        assert phases["waiting for the GPU"]["cpu"] == pytest.approx(row["waiting_cpu_us_per_image"])
     nvimgcodec = [r for r in rows if r["gpu_jpeg_library"] == "nvimgcodec"]
     assert all(r["decoded_by_backend"] == 40 for r in nvimgcodec)  # its CPU backend decodes every photo
     beside = [r for r in rows if r["beside_training"]]
     assert all(r["towers_samples_per_s_alone"] > 0 and r["towers_slowdown"] > 0 for r in beside)
+    assert all(r["towers_thread_us_per_image"] > 0 for r in beside)
     assert (tmp_path / "decode.png").is_file()
+
+
+def test_the_library_log_keeps_the_lines_that_say_which_backend_and_why():
+    from benchmarks.decode import telling_lines
+    log = "\n".join(["\x1b[0;32m[INFO] \x1b[0m[nvimgcodec] HW decoder available num_hw_engines=7",
+                     "[INFO] [nvimgcodec] Framework is unregistering decoder (id:nvjpeg_hw_decoder codec:jpeg)",
+                     "[INFO] [nvimgcodec] Loading extension module:/x/libnvjpeg_ext.so",
+                     "[WARNING] [nvimgcodec] decoder nvjpeg_hw_decoder failed #3. Trying next", "decoded 64"])
+    assert telling_lines(log).splitlines() == ["[INFO] [nvimgcodec] HW decoder available num_hw_engines=7",
+                                               "[WARNING] [nvimgcodec] decoder nvjpeg_hw_decoder failed #3. Trying next",
+                                               "decoded 64"]
 
 
 def test_zeroshot_runs_name_the_gpu_decoders_library_and_only_theirs(monkeypatch, tmp_path):
