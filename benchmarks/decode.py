@@ -37,6 +37,7 @@ import sys
 import tarfile
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -71,21 +72,31 @@ def blobs_from(shard_dir: Path, n: int) -> List[bytes]:
     return blobs
 
 
+@lru_cache(maxsize=None)
+def tower_and_chunk(model: str, chunk: int, device: str, compiled: bool):
+    """`model`'s image tower on `device` (compiled once, where asked) and a random chunk for it:
+    one per process, shared by every row's thread."""
+    import torch
+
+    from infcl_ds.models import create_model
+    tower = create_model(model, seed=0).visual.to(device)
+    if compiled:  # as the trainer runs its towers: far fewer launches from Python
+        tower = torch.compile(tower)
+    size = tower.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    return tower, torch.randn(chunk, 3, size, size, device=device)
+
+
 class Towers(threading.Thread):
     """A tower's forward and backward on one random chunk, over and over until `stop` is set,
     on `device`'s default stream (the decoder has a stream of its own): each finished pass's end
     time."""
 
-    def __init__(self, model: str, chunk: int, device):
+    def __init__(self, model: str, chunk: int, device, compiled: bool = False):
         import torch
-
-        from infcl_ds.models import create_model
         super().__init__(daemon=True, name="towers")
         self.device, self.chunk = torch.device(device), chunk
-        self.tower = create_model(model, seed=0).visual.to(self.device)
-        size = self.tower.image_size
-        size = size[0] if isinstance(size, (tuple, list)) else size
-        self.images = torch.randn(chunk, 3, size, size, device=self.device)
+        self.tower, self.images = tower_and_chunk(model, chunk, str(self.device), compiled)
         self.stop, self.ends, self.tid = threading.Event(), [], None
 
     def one_pass(self) -> None:
@@ -112,9 +123,9 @@ class Towers(threading.Thread):
         return (len(ends) - 1) * self.chunk / (ends[-1] - ends[0]) if len(ends) > 1 else None
 
 
-def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
+def towers_alone(model: str, chunk: int, device, seconds: float, compiled: bool = False) -> dict:
     """The towers' samples/s and this process's CPU seconds per second with nothing else running."""
-    towers = Towers(model, chunk, device)
+    towers = Towers(model, chunk, device, compiled)
     for _ in range(2):  # untimed: kernels chosen, memory grown
         towers.one_pass()
     towers.start()
@@ -131,15 +142,15 @@ def towers_alone(model: str, chunk: int, device, seconds: float) -> dict:
     return {"samples_per_s": rate, "cpu_per_s": cpu_s / (end - start)}
 
 
-def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None):
+def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None, stream_priority: int = 0):
     """The trainer's piece decoder with `library`'s JPEG decoder (nvImageCodec limited to
-    `backends` and `cpu_threads`)."""
+    `backends` and `cpu_threads`), its stream at `stream_priority`."""
     from infcl_ds.data.decoding.device_decode import BatchedDevicePieces
     from infcl_ds.data.decoding.nvimgcodec_decode import NvImageCodecJpegs
     from infcl_ds.data.decoding.transforms import uint8_image_transform
     transform = uint8_image_transform(IMAGE_SIZE, augment=True)
     jpegs = NvImageCodecJpegs(device, backends=backends, cpu_threads=cpu_threads) if library == "nvimgcodec" else None
-    return BatchedDevicePieces(transform, 0, device, library=library, jpegs=jpegs)
+    return BatchedDevicePieces(transform, 0, device, library=library, jpegs=jpegs, stream_priority=stream_priority)
 
 
 class PhaseClock:
@@ -247,7 +258,7 @@ def telling_lines(log: str, limit: int = 4000) -> str:
 
 
 def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
-                 model: str) -> List[dict]:
+                 model: str, compiled: bool = False, stream_priority: int = 0) -> List[dict]:
     """Two rows per decoder (alone, beside training). A one-backend set of nvImageCodec that
     leaves images to PIL is not timed (PIL's rate, not the backend's): its rows say how many it
     decoded, and the hardware backend's its log."""
@@ -258,7 +269,7 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
         base = {"kind": "decoder", "shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs),
                 "decoder": "nvjpeg", "gpu_jpeg_library": library, "backend": backend_name,
                 "backends": list(backends or ()), "cpu_threads": cpu_threads, "decoded_by_backend": decoded,
-                "image_size": IMAGE_SIZE, "piece": PIECE}
+                "image_size": IMAGE_SIZE, "piece": PIECE, "stream_priority": stream_priority}
         if backend_name == "hardware":  # the engines it found, and why it passed any image on
             base["library_log"] = library_log(shard_dir, backends, device)
         if decoded is not None and decoded < len(blobs) and not backend_name.startswith("trainer's"):
@@ -267,10 +278,10 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
                      for beside in (False, True)]
             print(f"{name} {library} {backend_name}: decoded {decoded:,} of {len(blobs):,} itself; not timed", flush=True)
             continue
-        pieces = piece_decoder(library, backends, device, cpu_threads)
+        pieces = piece_decoder(library, backends, device, cpu_threads, stream_priority)
         decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
         by_itself = timed_decode(pieces, blobs)
-        towers = Towers(model, chunk, device)
+        towers = Towers(model, chunk, device, compiled)
         towers.one_pass()
         towers.start()
         time.sleep(1.0)
@@ -289,7 +300,8 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
                    "waiting_cpu_us_per_image": waiting / n * 1e6,
                    "phases_us_per_image": phases.per_image_us(n)}
             if beside_training:
-                row.update(towers_model=model, towers_chunk=chunk, towers_samples_per_s_alone=alone["samples_per_s"],
+                row.update(towers_model=model, towers_chunk=chunk, towers_compiled=compiled,
+                           towers_samples_per_s_alone=alone["samples_per_s"],
                            towers_samples_per_s_beside=beside_rate,
                            towers_thread_us_per_image=run["towers_thread_s"] / n * 1e6,
                            towers_slowdown=(alone["samples_per_s"] / beside_rate
@@ -385,6 +397,11 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--switch-interval", type=float, default=None,
                    help="seconds: sys.setswitchinterval for the run (Python's default 0.005), how long a thread "
                         "waiting for the GIL waits before the running one is asked to drop it")
+    p.add_argument("--towers-compile", action="store_true",
+                   help="torch.compile the tower beside the decoder, as the trainer does (its launches from Python "
+                        "far fewer than the eager tower's)")
+    p.add_argument("--stream-priority", choices=("normal", "high"), default="normal",
+                   help="the decoding stream's CUDA priority: high puts its kernels ahead of the towers'")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.switch_interval is not None:
@@ -415,7 +432,9 @@ def main(argv=None) -> List[dict]:
     folders: Dict[str, Path] = dict((name, Path(folder)) for name, folder in
                                     (item.split("=", 1) for item in args.shards.split(",")))
     decoders = decoders_here(args.libraries.split(","))
-    alone = towers_alone(args.model, args.chunk, device, args.seconds)
+    compiled = args.towers_compile
+    priority = -1 if args.stream_priority == "high" else 0  # CUDA: lower numbers are higher priorities
+    alone = towers_alone(args.model, args.chunk, device, args.seconds, compiled)
     print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
     identity = {**run_identity(), "cpus": os.cpu_count(), "cores": len(os.sched_getaffinity(0)),
                 "switch_interval_s": sys.getswitchinterval(), "command": "python -m benchmarks.decode " +
@@ -426,7 +445,8 @@ def main(argv=None) -> List[dict]:
     for name, folder in folders.items():
         blobs = blobs_from(folder, args.images)
         rows += [{**row, **identity} for row in
-                 decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model)]
+                 decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model,
+                              compiled, priority)]
         write_rows(args.out, rows + steps, identity)  # after each folder: a call cut short keeps it
     from .plot_data import plot_decode
     plot_decode(args.out, args.out.with_suffix(".png"))

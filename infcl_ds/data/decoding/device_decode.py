@@ -247,13 +247,17 @@ class BatchedDevicePieces(DecodePieces):
     """A request -> DecodePieces' result with the pixels on `device`: the whole piece decoded in
     one batched call of `library` (jpeg_decoder) and cropped in batched products (nvJPEG on
     CUDA; on the CPU the same code with the library's CPU decoder, which is what the CPU tests run).
-    `jpegs`: another `blobs -> images` decoder in the library's place (a benchmark's)."""
+    `jpegs`: another `blobs -> images` decoder in the library's place (a benchmark's).
+    `stream_priority`: the decoding stream's CUDA priority (lower is higher; 0: the towers'), so
+    that a benchmark can ask whether its kernels waiting behind the towers' set its pace."""
 
-    def __init__(self, transform, seed: int, device, library: str = "torchvision", jpegs: Optional[Callable] = None):
+    def __init__(self, transform, seed: int, device, library: str = "torchvision", jpegs: Optional[Callable] = None,
+                 stream_priority: int = 0):
         super().__init__(transform, seed)
         self.geometry, self.device = CropGeometry(transform), torch.device(device)
         self.jpegs = jpegs or jpeg_decoder(library, self.device)
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
+                       else None)
 
     def decode(self, request):
         """(the piece, a CUDA event recorded behind its work, or None on the CPU). On CUDA the
