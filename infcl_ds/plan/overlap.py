@@ -232,6 +232,34 @@ def window_needed(shape: StepShape, decoders: Sequence[Decoder], which: int = 0,
     return best
 
 
+def windows_needed_together(shape: StepShape, decoders: Sequence[Decoder], piece: int = 32) -> List[int]:
+    """Where no decoder's window alone shortens the wait (window_needed finds its own floor), the
+    windows of all decoders grown together: each from its own up to two steps' decodes, by the
+    same fraction of that way, the smallest fraction with which a steady step waits no longer
+    than with the largest, at the planned rates and at RATE_MARGIN of them (a hybrid rank's
+    chunk starts once both decoders have its rows, so both must run on into the next step)."""
+    decoders = list(decoders)
+    shares = _split(shape.local, decoders)
+    tops = [max(d.window, piece * -(-2 * max(1, share) // piece)) for d, share in zip(decoders, shares)]
+
+    def windows(fraction: float) -> List[int]:
+        return [d.window + piece * int(fraction * (top - d.window) // piece) for d, top in zip(decoders, tops)]
+    best = 0.0
+    for factor in (1.0, RATE_MARGIN):
+        def wait_with(fraction: float) -> float:
+            return steady_wait(shape, [Decoder(d.rate * factor, rows, d.share)
+                                       for d, rows in zip(decoders, windows(fraction))])
+        least = wait_with(1.0) + tolerance_s(shape)
+        lo, hi = 0.0, 1.0
+        if wait_with(lo) <= least:
+            continue
+        for _ in range(20):  # to a millionth of the way: finer than a piece of rows
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if wait_with(mid) <= least else (mid, hi)
+        best = max(best, hi)
+    return windows(best)
+
+
 def describe_wait(item: Optional[Overlap]) -> str:
     """'no wait' or '12.3 s a step' (ms below a second)."""
     if item is None or item.wait_s <= tolerance_s(item.shape):

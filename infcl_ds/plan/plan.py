@@ -21,7 +21,7 @@ from ..config.recipe import compile_supported
 from ..data.footprint import hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
 from ..engine.tower_footprint import ModelEstimate
 from . import memory as mem
-from .overlap import seconds_text, window_needed
+from .overlap import seconds_text, window_needed, windows_needed_together
 from .refusal import PlanError
 from .auto_values import (AUTO_WINDOW_HOST_SHARE, Choice, RankSizes, estimate, planned_cores, recipe_with,
                       resolve_autos)
@@ -281,14 +281,8 @@ def unbinding(plan: Plan, rates: KernelRates, network: str = DEFAULT_NETWORK,
     shape = d.overlap.shape
     ways = []
     row = 3 * image_size ** 2
-    if d.workers and d.overlap.window_binds:
-        decoders = step_decoders(recipe, local, image_size, shape.host_kept)
-        rows = window_needed(shape, decoders, which=0, floor=decoders[0].window)
-        more = (rows - d.window_rows) * row * min(plan.gpus, plan.gpus_per_node)
-        room = plan.host_memory_bytes * AUTO_WINDOW_HOST_SHARE - plan.host_bytes
-        fits = "" if more <= room else f", more than the node's memory leaves ({mem.gib(max(0, room))} GiB)"
-        ways.append(f"a window of {mem.gib(rows * row)} GiB a rank (data.decode_window_gib; "
-                    f"+{mem.gib(more)} GiB per node{fits}) leaves {_wait_text(d.overlap.bound_s)}")
+    if d.overlap.window_binds:
+        ways += _larger_windows(plan, row)
     if d.overlap.rate_binds and recipe.data.decoder != "nvjpeg":
         needed = d.workers_needed()
         if d.workers and needed > MAX_DECODE_WORKERS_ADVISED:
@@ -306,6 +300,43 @@ def unbinding(plan: Plan, rates: KernelRates, network: str = DEFAULT_NETWORK,
         ways.append(f"{local - kept:,} rows are decoded twice a step: kept on the GPU (data.keep_decoded_gib) or "
                     f"in the decode pool's window (data.keep_decoded_host_gib), once")
     return tuple(ways)
+
+
+def _larger_windows(plan: Plan, row: int) -> List[str]:
+    """The window of each decoder that binds, at the size with which the step waits no longer
+    than any larger window allows: the decode pool's in host memory (data.decode_window_gib), the
+    GPU decoder's lane's on the GPU (data.gpu_decode_window_gib)."""
+    d, recipe = plan.decoding, plan.recipe
+    shape = d.overlap.shape
+    decoders = step_decoders(recipe, plan.local_batch, plan.model.image_size, shape.host_kept)
+    lane = len(decoders) - 1 if recipe.data.decoder in ("nvjpeg", "hybrid") else None
+    alone = [window_needed(shape, decoders, which=which, floor=decoder.window)
+             if which == lane or d.workers else decoder.window  # the training process holds no window
+             for which, decoder in enumerate(decoders)]
+    grown = [which for which, decoder in enumerate(decoders) if alone[which] > decoder.window]
+    together = ""
+    if not grown and len(decoders) > 1 and d.workers:  # only both windows grown together help
+        alone = windows_needed_together(shape, decoders)
+        grown = [which for which, decoder in enumerate(decoders) if alone[which] > decoder.window]
+        together = " together"
+    texts = []
+    for which in grown:
+        rows, held = alone[which], decoders[which].window
+        if which == lane:
+            more = (rows - held) * row
+            room = plan.gpu_memory_bytes - plan.peak_gpu_bytes
+            fits = "" if more <= room else f", more than the GPU leaves ({mem.gib(max(0, room))} GiB)"
+            texts.append(f"a GPU decoder's window of {mem.gib(rows * row)} GiB (data.gpu_decode_window_gib; "
+                         f"+{mem.gib(more)} GiB a GPU{fits})")
+        else:
+            more = (rows - held) * row * min(plan.gpus, plan.gpus_per_node)
+            room = plan.host_memory_bytes * AUTO_WINDOW_HOST_SHARE - plan.host_bytes
+            fits = "" if more <= room else f", more than the node's memory leaves ({mem.gib(max(0, room))} GiB)"
+            texts.append(f"a window of {mem.gib(rows * row)} GiB a rank (data.decode_window_gib; "
+                         f"+{mem.gib(more)} GiB per node{fits})")
+    if together:
+        return [" and ".join(texts) + f"{together} leave {_wait_text(d.overlap.bound_s)}"] if texts else []
+    return [f"{text} leaves {_wait_text(d.overlap.bound_s)}" for text in texts]
 
 
 def _with_decoder(plan: Plan, name: str) -> Optional[Decoding]:

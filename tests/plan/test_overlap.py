@@ -101,3 +101,38 @@ def test_times_are_printed_in_the_unit_they_reach_never_a_bare_zero(seconds, tex
     """What the planner's report says of a step ("108 ms instead of 59 us", not "0 s instead of 0 s")."""
     from infcl_ds.plan.overlap import seconds_text
     assert seconds_text(seconds) == text
+
+
+def test_windows_that_bind_only_together_are_grown_together_and_the_planner_says_so(monkeypatch):
+    """A hybrid rank's chunk starts once both decoders have its rows: where neither window alone
+    shortens the wait, both grow by the same fraction of the way to two steps' decodes, and the
+    planner names both sizes in one line; with them the steady step does not wait."""
+    import re
+
+    from infcl_ds.config import load_recipe
+    from infcl_ds.data import footprint
+    from infcl_ds.plan.overlap import windows_needed_together
+    from infcl_ds.plan.plan import make_plan
+    from infcl_ds.plan.timing import step_decoders
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_per_gpu", 3116.4)
+    gib = 1 << 30
+    recipe = load_recipe("ds_configs/recipes/vit-b16-1m-8gpu.yaml", [
+        "model.name=ViT-B-32", "batch.global=2097152", "batch.chunk=auto", "data.decoder=hybrid",
+        "data.decode_workers=13", "data.gpu_decode_share=0.585", "data.gpu_jpeg_library=nvimgcodec",
+        "data.keep_decoded_gib=auto", "data.decode_window_gib=auto"])
+    plan = make_plan(recipe, 4, int(139.8 * gib), 4, 500 * gib, cores=64)
+    shape = plan.decoding.overlap.shape
+    decoders = step_decoders(plan.recipe, plan.local_batch, plan.model.image_size, shape.host_kept)
+    assert plan.decoding.overlap.window_binds and len(decoders) == 2
+    for which, decoder in enumerate(decoders):  # neither alone
+        assert window_needed(shape, decoders, which=which, floor=decoder.window) == decoder.window
+    rows = windows_needed_together(shape, decoders)
+    assert all(r > d.window for r, d in zip(rows, decoders))
+    grown = [Decoder(d.rate, r, d.share) for d, r in zip(decoders, rows)]
+    assert steady_wait(shape, grown) <= tolerance_s(shape)
+    line = next(w for w in plan.unbinding if "together leave" in w)
+    row = 3 * plan.model.image_size ** 2
+    assert re.search(r"^a window of ([\d.]+) GiB a rank \(data.decode_window_gib; .*\) and a GPU decoder's window "
+                     r"of ([\d.]+) GiB \(data.gpu_decode_window_gib; ", line)
+    stated = [float(x) for x in re.findall(r"window of ([\d.]+) GiB", line)]
+    assert stated == [pytest.approx(r * row / gib, abs=0.05) for r in rows]
