@@ -24,7 +24,7 @@ def test_decoder_rows_alone_and_beside_a_tower(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "benchmarks.decode", "--shards", f"photos={tmp_path / 'photos'}",
                            "--images", "40", "--model", "infcl-tiny", "--chunk", "4", "--seconds", "1",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           "--stream-priority", "high", "--switch-interval", "0.001", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert {(r["gpu_jpeg_library"], r["beside_training"]) for r in rows} == {
@@ -32,6 +32,7 @@ def test_decoder_rows_alone_and_beside_a_tower(tmp_path):
     for row in rows:
         assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
         assert row["images"] == 40 and row["images_per_s"] > 0 and row["host_us_per_image"] >= 0
+        assert row["stream_priority"] == -1 and row["switch_interval_s"] == pytest.approx(0.001)
         assert 20_000 < row["bytes_per_image"] < 60_000
         # the host time is the decoding thread's work (its CUDA waits left out) and the other
         # threads' (the library's), each part of the decoding thread timed
