@@ -55,6 +55,11 @@ class Piece:
         self.gone = False  # out of its batch: taken for the last time, or dropped
 
 
+# What a removed piece leaves in its batch's order: gone, so every walk over the order skips it.
+_REMOVED = Piece(0, 0, lambda: None)
+_REMOVED.gone = True
+
+
 class BatchPieces:
     """A batch's announced pieces in order, each found by its rows in constant time however many
     there are (a local batch of millions of rows is tens of thousands of pieces, and the pieces
@@ -88,7 +93,10 @@ class BatchPieces:
         return passed
 
     def remove(self, piece: Piece) -> None:
+        """`piece` out of the batch, and out of its order too: a taken piece's result (the lane's
+        decoded pixels) must not outlive its consumer's use while the batch lives on."""
         piece.gone = True
+        self._order[piece.index] = _REMOVED
         same = self._by_rows[(piece.lo, piece.hi)]
         if same[0] is piece:
             same.popleft()

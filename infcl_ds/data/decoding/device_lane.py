@@ -64,10 +64,15 @@ class DeviceLane:
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
         while (got := self.queue.next_piece(wait=True)) is not None:
-            piece, request = got
-            try:
-                result = self._decode(request)
-            except Exception as err:  # noqa: BLE001 - raised in the consumer that takes this piece
-                self.queue.failed(piece, err)
-            else:
-                self.queue.done(piece, result)
+            self._decode_one(*got)
+            del got  # nothing of the piece held while waiting for the next one
+
+    def _decode_one(self, piece, request) -> None:
+        """One piece decoded and handed to the queue; its pixels then held by the queue alone
+        (the consumer's last take frees them)."""
+        try:
+            result = self._decode(request)
+        except Exception as err:  # noqa: BLE001 - raised in the consumer that takes this piece
+            self.queue.failed(piece, err)
+        else:
+            self.queue.done(piece, result)

@@ -347,6 +347,33 @@ def test_a_piece_the_lane_cannot_decode_is_raised_where_it_is_taken():
         lane.take(0, 16, 24)
 
 
+def test_the_lanes_pixels_are_freed_at_their_last_take_while_their_batch_lives_on():
+    """A taken piece leaves its batch (and its order) and the lane's thread keeps nothing of it:
+    the engine's copy of its rows (kept between the passes) is then the only one on the GPU. A
+    piece taken again later (`uses` 2) stays until its second take."""
+    import gc
+    import weakref
+    made = {}
+
+    def decode(request):
+        made[request] = torch.full((4,), request)
+        return (0, made[request], None, 0), None
+    lane = DeviceLane(decode, torch.device("cpu"), window_rows=64)
+    lane.queue.announce(0, [(0, 8, lambda: 1), (8, 16, lambda: 2, 2), (16, 24, lambda: 3)])
+    wait_until(lambda: len(made) == 3)
+    pixels = {request: weakref.ref(tensor) for request, tensor in made.items()}
+    made.clear()
+    for lo, hi in ((0, 8), (8, 16), (16, 24)):
+        lane.take(0, lo, hi)
+    gc.collect()
+    assert pixels[1]() is None and pixels[3]() is None  # the batch is still announced
+    assert pixels[2]() is not None  # wanted again
+    lane.take(0, 8, 16)
+    gc.collect()
+    assert pixels[2]() is None
+    lane.close()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the pool's page-locked window and device copies need CUDA")
 def test_pool_pixels_copied_to_the_gpu_equal_the_pixels_decoded_in_process(shard, tokenizer):
     """On CUDA the window is page-locked and each piece is copied to the device asynchronously,
