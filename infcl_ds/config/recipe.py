@@ -202,8 +202,10 @@ class DataSection(Section):
     # the planned step and the measured decode rates, within the node's memory (plan/auto_values.py).
     decode_window_gib: Union[Literal["auto"], Annotated[Float, Field(gt=0, le=MAX_GIB)]] = "auto"
     # encoded, nvjpeg and hybrid: GPU memory per rank for rows the GPU decoder has decoded ahead of
-    # the engine (its lane's window, data/decoding/device_lane.py).
-    gpu_decode_window_gib: Annotated[Float, Field(gt=0, le=MAX_GIB)] = 4.0
+    # the engine (its lane's window, data/decoding/device_lane.py). auto: 4 GiB, larger where the
+    # planned step waits for the lane and a larger window, taken from the rows kept on the GPU
+    # between the passes, shortens it (plan/auto_values.py).
+    gpu_decode_window_gib: Union[Literal["auto"], Annotated[Float, Field(gt=0, le=MAX_GIB)]] = "auto"
     # encoded: mean stored bytes per image, for the planner (default: measured from the shards
     # where readable)
     image_bytes: Optional[Count(1, MAX_IMAGE_BYTES)] = None

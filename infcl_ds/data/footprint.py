@@ -91,6 +91,15 @@ def pool_window_rows(data: DataSection, local: int, image_size: int) -> int:
     return min(2 * local, kept_rows(data.decode_window_gib, image_size, "data.decode_window_gib"))
 
 
+# data.gpu_decode_window_gib: auto where the planner finds no larger window worth its memory.
+LANE_WINDOW_GIB = 4.0
+
+
+def lane_window_gib(data: DataSection) -> float:
+    """data.gpu_decode_window_gib, LANE_WINDOW_GIB for an `auto` the planner has not grown."""
+    return LANE_WINDOW_GIB if data.gpu_decode_window_gib == "auto" else data.gpu_decode_window_gib
+
+
 def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
     """data.decoder nvjpeg and hybrid: rows the GPU decoder's lane may hold decoded ahead on the
     device (data.gpu_decode_window_gib; decoding/device_lane.py), at most its share of two local
@@ -98,7 +107,7 @@ def device_window_rows(data: DataSection, local: int, image_size: int) -> int:
     share = gpu_decode_share(data)
     if not share:
         return 0
-    return min(2 * round(local * share), kept_rows(data.gpu_decode_window_gib, image_size))
+    return min(2 * round(local * share), kept_rows(lane_window_gib(data), image_size))
 
 
 def image_bytes_per_sample(data: DataSection) -> Tuple[int, str]:

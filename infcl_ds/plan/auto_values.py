@@ -21,8 +21,8 @@ from typing import List, Optional, Sequence, Tuple
 from ..config import Recipe, check_world
 from ..config.recipe import MAX_PROCESSES, DataSection
 from ..data.decoding.decode_pool import DECODE_PIECE_ROWS, window_slots
-from ..data.footprint import (gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample, jpeg_share,
-                              kept_pixel_rows)
+from ..data.footprint import (LANE_WINDOW_GIB, gpu_decode_share, has_pool, hybrid_gpu_share, image_bytes_per_sample,
+                              jpeg_share, kept_pixel_rows)
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
 from .machine import CoreShare, split_cores
@@ -45,6 +45,10 @@ AUTO_CHUNK_CPU = 64
 AUTO_KEEP_CPU_GIB = 1.0
 # data.decode_window_gib: auto on CPU ranks (no planned step to size it from).
 AUTO_WINDOW_CPU_GIB = 1.0
+# data.gpu_decode_window_gib: auto where the lane's window binds: this many larger windows tried,
+# evenly from LANE_WINDOW_GIB to two local batches' share of the lane, each with the kept rows the
+# rest of the GPU's room allows.
+AUTO_LANE_TRIALS = 8
 # Share of the node's memory the planned host total may reach with the auto decode windows: the
 # page cache of the shards and what the planner does not count need the rest.
 AUTO_WINDOW_HOST_SHARE = 0.85
@@ -328,39 +332,93 @@ def _plan_decoder(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSi
         share = hybrid_gpu_share(recipe.data.decode_workers, recipe.data.gpu_jpeg_library)
         recipe = recipe_with(recipe, "data", gpu_decode_share=share)
         choices.append(Choice("data.gpu_decode_share", round(share, 4), "the GPU's rate over both decoders'"))
+    lane_auto = recipe.data.gpu_decode_window_gib == "auto"
+    if lane_auto:  # the chunk is chosen with the smallest; a larger window is weighed after
+        recipe = recipe_with(recipe, "data", gpu_decode_window_gib=LANE_WINDOW_GIB)
     chunks = [recipe.batch.chunk] if recipe.batch.chunk != "auto" else _chunks_that_fit(recipe, gpus, model, sizes)
+    args = (gpus, model, sizes, rates, network, encoder_tflops, image_bytes)
     best = None
-    local = recipe.local_batch(gpus)
     for chunk in chunks:
-        trial, trial_choices = recipe_with(recipe, "batch", chunk=chunk), list(choices)
-        if recipe.batch.chunk == "auto":
-            trial_choices.append(Choice("batch.chunk", chunk))
-        if trial.data.keep_decoded_gib == "auto":
-            gib = _auto_keep_gib(trial, gpus, model, sizes) if trial.data.host_batch == "encoded" else 0.0
-            trial = recipe_with(trial, "data", keep_decoded_gib=gib)
-            kept = _kept(trial, gpus, model)
-            trial_choices.append(Choice("data.keep_decoded_gib", gib,
-                                        f"{kept:,} of {local:,} rows" if kept < local else f"all {local:,} rows"))
-        time = step_time(model, trial, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
-        kept = _kept(trial, gpus, model)
-        if trial.data.keep_decoded_host_gib == "auto":
-            gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time)
-                        if trial.data.host_batch == "encoded" else (0.0, "decoded host batches"))
-            trial = recipe_with(trial, "data", keep_decoded_host_gib=gib)
-            trial_choices.append(Choice("data.keep_decoded_host_gib", gib, why))
-        if trial.data.decode_window_gib == "auto":
-            gib, why = (_auto_window(trial, gpus, model, sizes, time, kept, image_bytes)
-                        if trial.data.host_batch == "encoded" else (AUTO_WINDOW_CPU_GIB, "decoded host batches"))
-            trial = recipe_with(trial, "data", decode_window_gib=gib)
-            trial_choices.append(Choice("data.decode_window_gib", gib, why))
-        planned = (decoding(trial, local, time, kept, model.image_size)
-                   if trial.data.host_batch == "encoded" else None)
-        candidate = _Candidate(trial, tuple(trial_choices), planned, time)
+        candidate = _at_chunk(recipe, chunk, choices, *args)
         # the largest chunk whose step is as short as any: a smaller one must save time to win
-        if best is None or candidate.step_s < best.step_s - tolerance_s(step_shape(trial, local, time, kept,
-                                                                                   model.image_size)):
+        if best is None or candidate.step_s < best.step_s - _tolerance(candidate, gpus, model):
             best = candidate
+    if lane_auto and gpu_decode_share(recipe.data) > 0 and recipe.data.host_batch == "encoded":
+        best = _auto_lane_window(recipe, best, *args)
     return best
+
+
+def _tolerance(candidate: _Candidate, gpus: int, model: ModelEstimate) -> float:
+    r = candidate.recipe
+    return tolerance_s(step_shape(r, r.local_batch(gpus), candidate.time, _kept(r, gpus, model), model.image_size))
+
+
+def _at_chunk(recipe: Recipe, chunk: int, choices: List[Choice], gpus: int, model: ModelEstimate, sizes: RankSizes,
+              rates: KernelRates, network: str, encoder_tflops: Optional[float], image_bytes: int) -> _Candidate:
+    """The recipe at `chunk` with its kept rows, host-kept rows and decode window resolved."""
+    local = recipe.local_batch(gpus)
+    trial, trial_choices = recipe_with(recipe, "batch", chunk=chunk), list(choices)
+    if recipe.batch.chunk == "auto":
+        trial_choices.append(Choice("batch.chunk", chunk))
+    if trial.data.keep_decoded_gib == "auto":
+        gib = _auto_keep_gib(trial, gpus, model, sizes) if trial.data.host_batch == "encoded" else 0.0
+        trial = recipe_with(trial, "data", keep_decoded_gib=gib)
+        kept = _kept(trial, gpus, model)
+        trial_choices.append(Choice("data.keep_decoded_gib", gib,
+                                    f"{kept:,} of {local:,} rows" if kept < local else f"all {local:,} rows"))
+    time = step_time(model, trial, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
+    kept = _kept(trial, gpus, model)
+    if trial.data.keep_decoded_host_gib == "auto":
+        gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time)
+                    if trial.data.host_batch == "encoded" else (0.0, "decoded host batches"))
+        trial = recipe_with(trial, "data", keep_decoded_host_gib=gib)
+        trial_choices.append(Choice("data.keep_decoded_host_gib", gib, why))
+    if trial.data.decode_window_gib == "auto":
+        gib, why = (_auto_window(trial, gpus, model, sizes, time, kept, image_bytes)
+                    if trial.data.host_batch == "encoded" else (AUTO_WINDOW_CPU_GIB, "decoded host batches"))
+        trial = recipe_with(trial, "data", decode_window_gib=gib)
+        trial_choices.append(Choice("data.decode_window_gib", gib, why))
+    planned = (decoding(trial, local, time, kept, model.image_size)
+               if trial.data.host_batch == "encoded" else None)
+    return _Candidate(trial, tuple(trial_choices), planned, time)
+
+
+def _auto_lane_window(recipe: Recipe, best: _Candidate, gpus: int, model: ModelEstimate, sizes: RankSizes,
+                      rates: KernelRates, network: str, encoder_tflops: Optional[float],
+                      image_bytes: int) -> _Candidate:
+    """`data.gpu_decode_window_gib: auto` at the chosen chunk: LANE_WINDOW_GIB, or where the step
+    waits with the window binding, the larger window (up to two local batches' share of the lane,
+    AUTO_LANE_TRIALS of them) whose step, with the kept rows the rest of the GPU's room allows
+    and the decode window that goes with them, is shortest; the smaller on a tie."""
+    row = 3 * model.image_size ** 2
+    local, chunk = recipe.local_batch(gpus), best.recipe.batch.chunk
+    chosen, gib, why = best, LANE_WINDOW_GIB, "the smallest: a larger one would not shorten the step"
+    if best.decoding is not None and best.decoding.overlap.window_binds:
+        # up to two local batches' share of the lane, and no more than the GPU's room with no rows kept
+        bare = (recipe_with(best.recipe, "data", keep_decoded_gib=0.0) if recipe.data.keep_decoded_gib == "auto"
+                else best.recipe)  # a kept size the recipe sets stays
+        room = max(0, _budget(sizes) - mem.gpu_memory(model, bare, gpus).peak) / mem.GIB
+        top = min(2 * local * gpu_decode_share(best.recipe.data) * row / mem.GIB, LANE_WINDOW_GIB + room)
+        # made before the chunk's: the rest are made again for each window
+        prior = [c for c in best.choices if c.key in ("data.decode_workers", "data.gpu_decode_share")]
+        for i in range(1, AUTO_LANE_TRIALS + 1):
+            trial_gib = round(LANE_WINDOW_GIB + (top - LANE_WINDOW_GIB) * i / AUTO_LANE_TRIALS, 3)
+            if trial_gib <= LANE_WINDOW_GIB:
+                break
+            lane = recipe_with(recipe, "data", gpu_decode_window_gib=trial_gib)
+            trial = _at_chunk(lane, chunk, prior, gpus, model, sizes, rates, network, encoder_tflops, image_bytes)
+            if mem.gpu_memory(model, trial.recipe, gpus).peak > _budget(sizes):
+                break  # the larger ones fit no better
+            if trial.step_s < chosen.step_s - _tolerance(trial, gpus, model):
+                chosen, gib = trial, trial_gib
+        if chosen is not best:
+            source = ("the rows kept on the GPU" if recipe.data.keep_decoded_gib == "auto"
+                      else "the GPU's room beside the rows the recipe keeps")
+            why = (f"the step waits {seconds_text(chosen.decoding.wait_s)} for decoded rows instead of "
+                   f"{seconds_text(best.decoding.wait_s)}, the window taken from {source}")
+    chosen_recipe = recipe_with(chosen.recipe, "data", gpu_decode_window_gib=gib)
+    return _Candidate(chosen_recipe, chosen.choices + (Choice("data.gpu_decode_window_gib", round(gib, 3), why),),
+                      chosen.decoding, chosen.time)
 
 
 def _decoder_why(pil: _Candidate) -> str:

@@ -27,7 +27,8 @@ BOOLEANS = [
     ("optimizer.betas=[0.9, true]", "optimizer.betas[1] must be a number, got True"),
     ("schedule.min_lr_ratio=off", "schedule.min_lr_ratio must be a number, got False"),
     ("data.decode_window_gib=on", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, got True"),
-    ("data.gpu_decode_window_gib=auto", "data.gpu_decode_window_gib must be a number, got 'auto'"),
+    ("data.gpu_decode_window_gib=on", "data.gpu_decode_window_gib must be auto or a number > 0 and <= 16,384, "
+                                      "got True"),
     ("data.keep_decoded_gib=true", "data.keep_decoded_gib must be auto or a number from 0 to 16,384, got True"),
     ("data.gpu_decode_share=yes", "data.gpu_decode_share must be auto or a number from 0 to 1, got True"),
     ("distributed.timeout=yes", "distributed.timeout must be a number of minutes from 1/60 (one second) to 525,600 (a year), "
@@ -39,7 +40,7 @@ BOUNDS = [
     ("data.decode_window_gib=1.0e+308", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, "
                                         "got 1e+308"),
     ("data.decode_window_gib=0", "data.decode_window_gib must be auto or a number > 0 and <= 16,384, got 0"),
-    ("data.gpu_decode_window_gib=0", "data.gpu_decode_window_gib must be > 0, got 0"),
+    ("data.gpu_decode_window_gib=0", "data.gpu_decode_window_gib must be auto or a number > 0 and <= 16,384, got 0"),
     ("data.keep_decoded_gib=1.0e+308", "data.keep_decoded_gib must be auto or a number from 0 to 16,384, got 1e+308"),
     (f"batch.global={2 * 10 ** 62}", f"batch.global must be <= 1,073,741,824, got {2 * 10 ** 62}"),
     (f"batch.chunk={2 ** 40}", f"batch.chunk must be an integer from 1 to 1,073,741,824 or auto, got {2 ** 40}"),
@@ -108,6 +109,7 @@ GOOD = [
     (f"data.decode_window_gib={MAX_GIB}", lambda r: r.data.decode_window_gib == MAX_GIB),
     ("data.decode_window_gib=auto", lambda r: r.data.decode_window_gib == "auto"),
     ("data.gpu_decode_window_gib=0.5", lambda r: r.data.gpu_decode_window_gib == 0.5),
+    ("data.gpu_decode_window_gib=auto", lambda r: r.data.gpu_decode_window_gib == "auto"),
     (f"data.workers={MAX_PROCESSES}", lambda r: r.data.workers == MAX_PROCESSES),
     (f"batch.global={MAX_SAMPLES}", lambda r: r.data.synthetic_size == MAX_SAMPLES),  # one global batch
     (f"data.image_bytes={MAX_IMAGE_BYTES}", lambda r: r.data.image_bytes == MAX_IMAGE_BYTES),

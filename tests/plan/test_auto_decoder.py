@@ -14,7 +14,7 @@ from infcl_ds.data.footprint import DECODE_RATES_PER_WORKER, gpu_decode_rate
 from infcl_ds.plan.command import main as plan_main
 from infcl_ds.plan.machine import split_cores
 from infcl_ds.plan.plan import make_plan
-from infcl_ds.plan.auto_values import RankSizes, recipe_with, resolve_autos
+from infcl_ds.plan.auto_values import RankSizes, estimate, recipe_with, resolve_autos
 from infcl_ds.training import resolve
 
 GIB = 1 << 30
@@ -157,3 +157,31 @@ def test_hybrid_where_it_alone_beats_pil_even_within_its_margin_over_the_gpu_dec
     assert auto_decoder(recipe, 1, H200, 1, split_cores(16, 1)).value == "pil"
     steps.update(nvjpeg=9.0, hybrid=8.95)  # hybrid within 1% of the GPU decoder alone: alone
     assert auto_decoder(recipe, 1, H200, 1, split_cores(16, 1)).value == "nvjpeg"
+
+
+def test_the_gpu_decoders_window_grows_where_the_step_waits_for_it_taken_from_the_kept_rows(monkeypatch):
+    """`data.gpu_decode_window_gib: auto`: 4 GiB where the lane's window does not bind; where it
+    does (ViT-B-32 at 512k a GPU, hybrid), the larger window whose step is shortest, the rows kept
+    on the GPU giving it room, within the GPU's budget; and said why."""
+    from infcl_ds.data import footprint
+    from infcl_ds.plan import memory as mem
+    from infcl_ds.plan.auto_values import AUTO_CHUNK_MEMORY_SHARE
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvimgcodec_per_gpu", 3116.4)
+    sizes = RankSizes(int(139.8 * GIB), 4, split_cores(64, 4), 500 * GIB)
+    sets = ["model.name=ViT-B-32", "batch.global=2097152", "batch.chunk=2048", "data.decoder=hybrid",
+            "data.gpu_jpeg_library=nvimgcodec"]
+    grown = resolve_autos(load_recipe(f"{RECIPES}/vit-b16-1m-8gpu.yaml", sets), 4, sizes)
+    fixed = resolve_autos(load_recipe(f"{RECIPES}/vit-b16-1m-8gpu.yaml", sets + ["data.gpu_decode_window_gib=4"]), 4,
+                          sizes)
+    lane = grown.choice("data.gpu_decode_window_gib")
+    assert lane.value > 4 and grown.recipe.data.gpu_decode_window_gib == lane.value
+    assert fixed.choice("data.gpu_decode_window_gib") is None and fixed.decoding.overlap.window_binds
+    assert grown.decoding.wait_s < fixed.decoding.wait_s / 2
+    assert grown.recipe.data.keep_decoded_gib < fixed.recipe.data.keep_decoded_gib  # its room
+    assert mem.gpu_memory(estimate("ViT-B-32"), grown.recipe, 4).peak <= AUTO_CHUNK_MEMORY_SHARE * 139.8 * GIB
+    assert lane.why.startswith("the step waits ") and lane.why.endswith("taken from the rows kept on the GPU")
+    # ViT-L-14 at 16k on 2 cores: the GPU decoder alone keeps up; its window stays the smallest
+    slow = load_recipe(None, ["model.name=ViT-L-14", "batch.global=16384", "data.source=webdataset", "data.train=x",
+                              "data.decoder=nvjpeg"])
+    small = resolve_autos(slow, 1, RankSizes(H200, 1, split_cores(2, 1), 256 * GIB)).choice("data.gpu_decode_window_gib")
+    assert small.value == 4 and small.why.startswith("the smallest")

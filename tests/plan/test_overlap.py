@@ -119,7 +119,7 @@ def test_windows_that_bind_only_together_are_grown_together_and_the_planner_says
     recipe = load_recipe("ds_configs/recipes/vit-b16-1m-8gpu.yaml", [
         "model.name=ViT-B-32", "batch.global=2097152", "batch.chunk=auto", "data.decoder=hybrid",
         "data.decode_workers=13", "data.gpu_decode_share=0.585", "data.gpu_jpeg_library=nvimgcodec",
-        "data.keep_decoded_gib=auto", "data.decode_window_gib=auto"])
+        "data.keep_decoded_gib=auto", "data.decode_window_gib=auto", "data.gpu_decode_window_gib=4"])
     plan = make_plan(recipe, 4, int(139.8 * gib), 4, 500 * gib, cores=64)
     shape = plan.decoding.overlap.shape
     decoders = step_decoders(plan.recipe, plan.local_batch, plan.model.image_size, shape.host_kept)
