@@ -16,7 +16,9 @@
 # The one-GPU parts at once, each on a GPU of its own (PART@GPU) and that GPU's share of the cores
 # (its taskset takes the first of them), in process sessions that outlive the command; the decoder
 # rows first, so that the step parts plan with their rates (calibrate: the planner's decode rates
-# from decode.json, as python -m infcl_ds.plan.calibrate --decode does):
+# from decode.json, as python -m infcl_ds.plan.calibrate --decode does; it writes the checkout's
+# calibration/decode_rates.json, which a lent machine's next command replaces with the sent tree:
+# the parts that should plan with it start in the same command):
 #   bash launch/bench_decode.sh start decoders@0 zeroshot@3; bash launch/bench_decode.sh wait 400
 #   bash launch/bench_decode.sh calibrate start b16-8cores@1 l14-4cores@2
 #   bash launch/bench_decode.sh wait 540   # until it says all have ended; rows, rates and logs to $OUT
@@ -28,7 +30,7 @@
 # under $SHARDS and 8,192 photos of ~100 KB under $LARGE, made once per host.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ $# -gt 0 ] || { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
