@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import Recipe, check_world
 from ..config.recipe import compile_supported
-from ..data.footprint import hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
+from ..data.footprint import gpu_decode_share, hybrid_gpu_share, image_bytes_per_sample, kept_pixel_rows
 from ..engine.tower_footprint import ModelEstimate
 from . import memory as mem
 from .overlap import seconds_text, window_needed, windows_needed_together
@@ -309,7 +309,7 @@ def _larger_windows(plan: Plan, row: int) -> List[str]:
     d, recipe = plan.decoding, plan.recipe
     shape = d.overlap.shape
     decoders = step_decoders(recipe, plan.local_batch, plan.model.image_size, shape.host_kept)
-    lane = len(decoders) - 1 if recipe.data.decoder in ("nvjpeg", "hybrid") else None
+    lane = len(decoders) - 1 if gpu_decode_share(recipe.data) > 0 else None
     alone = [window_needed(shape, decoders, which=which, floor=decoder.window)
              if which == lane or d.workers else decoder.window  # the training process holds no window
              for which, decoder in enumerate(decoders)]

@@ -136,3 +136,16 @@ def test_windows_that_bind_only_together_are_grown_together_and_the_planner_says
                      r"of ([\d.]+) GiB \(data.gpu_decode_window_gib; ", line)
     stated = [float(x) for x in re.findall(r"window of ([\d.]+) GiB", line)]
     assert stated == [pytest.approx(r * row / gib, abs=0.05) for r in rows]
+
+
+def test_a_hybrid_rank_that_gives_the_gpu_no_rows_is_told_of_the_pools_window_only():
+    from infcl_ds.config import load_recipe
+    from infcl_ds.plan.plan import make_plan
+    gib = 1 << 30
+    recipe = load_recipe("ds_configs/recipes/vit-b16-1m-8gpu.yaml", [
+        "model.name=ViT-B-32", "batch.global=262144", "batch.chunk=1024", "data.decoder=hybrid",
+        "data.decode_workers=13", "data.gpu_decode_share=0", "data.decode_window_gib=1",
+        "data.keep_decoded_gib=auto", "data.gpu_decode_window_gib=4"])
+    plan = make_plan(recipe, 4, int(139.8 * gib), 4, 500 * gib, cores=64)
+    windows = [w for w in plan.unbinding if "window of" in w]
+    assert windows and all("data.decode_window_gib" in w and "gpu_decode_window_gib" not in w for w in windows)
