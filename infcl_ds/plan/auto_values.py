@@ -26,7 +26,7 @@ from ..data.footprint import (LANE_WINDOW_GIB, gpu_decode_share, has_pool, hybri
 from ..engine.tower_footprint import ModelEstimate, UnmodelledModelError, estimate_model
 from . import memory as mem
 from .machine import CoreShare, split_cores
-from .overlap import seconds_text, tolerance_s, window_needed
+from .overlap import seconds_text, tolerance_s, window_needed, windows_needed_together
 from .refusal import PlanError
 from .timing import DEFAULT_NETWORK, Decoding, KernelRates, StepTime, decoding, step_decoders, step_shape, step_time
 
@@ -383,6 +383,17 @@ def _at_chunk(recipe: Recipe, chunk: int, choices: List[Choice], gpus: int, mode
     return _Candidate(trial, tuple(trial_choices), planned, time)
 
 
+def _lane_binds(candidate: _Candidate, gpus: int, model: ModelEstimate) -> bool:
+    """Whether the GPU decoder's window is among those that bind: grown alone, or with the
+    others, it must be larger for the step to wait less (plan/overlap.py)."""
+    r = candidate.recipe
+    shape = candidate.decoding.overlap.shape
+    decoders = step_decoders(r, r.local_batch(gpus), model.image_size, shape.host_kept)
+    lane = decoders[-1]
+    return (window_needed(shape, decoders, which=len(decoders) - 1, floor=lane.window) > lane.window
+            or windows_needed_together(shape, decoders)[-1] > lane.window)
+
+
 def _auto_lane_window(recipe: Recipe, best: _Candidate, gpus: int, model: ModelEstimate, sizes: RankSizes,
                       rates: KernelRates, network: str, encoder_tflops: Optional[float],
                       image_bytes: int) -> _Candidate:
@@ -393,7 +404,7 @@ def _auto_lane_window(recipe: Recipe, best: _Candidate, gpus: int, model: ModelE
     row = 3 * model.image_size ** 2
     local, chunk = recipe.local_batch(gpus), best.recipe.batch.chunk
     chosen, gib, why = best, LANE_WINDOW_GIB, "the smallest: a larger one would not shorten the step"
-    if best.decoding is not None and best.decoding.overlap.window_binds:
+    if best.decoding is not None and best.decoding.overlap.window_binds and _lane_binds(best, gpus, model):
         # up to two local batches' share of the lane, and no more than the GPU's room with no rows kept
         bare = (recipe_with(best.recipe, "data", keep_decoded_gib=0.0) if recipe.data.keep_decoded_gib == "auto"
                 else best.recipe)  # a kept size the recipe sets stays
