@@ -214,7 +214,9 @@ def timed_decode(pieces, blobs: List[bytes], towers_tid: Optional[int] = None) -
         if "boxes" in vars(pieces.geometry):
             del pieces.geometry.boxes
     delta = {tid: threads_after[tid][1] - threads_before.get(tid, ("", 0.0))[1] for tid in threads_after}
-    towers_s = delta.get(towers_tid, 0.0) if towers_tid is not None else 0.0
+    # the tower's backward runs on torch's autograd threads (pt_autograd_N), not on its own
+    towers_s = 0.0 if towers_tid is None else delta.get(towers_tid, 0.0) + sum(
+        cpu for tid, cpu in delta.items() if threads_after[tid][0].startswith("pt_autograd"))
     return {"start": start, "end": end, "seconds": end - start, "cpu_s": cpu_s, "decoding_thread_s": mine_s,
             "towers_thread_s": towers_s, "other_threads_s": max(cpu_s - mine_s - towers_s, 0.0),
             "phases": clock}
