@@ -7,7 +7,7 @@ at resume, and a change is refused unless ``--allow-recipe-change`` (then it is 
 Keys that only change how the same steps are computed or reported (chunk size, workers,
 logging, evaluation, checkpoint cadence, output directory, timeout) may change freely.
 """
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import yaml
 
@@ -66,6 +66,26 @@ def trajectory_changes(saved_yaml: str, current_yaml: str, saved_from: str = "th
             if was != now:
                 changes.append(f"{leaf}: {shown(was, 60)} -> {shown(now, 60)}")
     return changes
+
+
+# data.decoder before `auto` was its default: a saved recipe without it ran with this.
+DECODER_BEFORE_AUTO = "pil"
+
+
+def decoder_change(saved_yaml: str, current_yaml: str) -> Optional[str]:
+    """'pil -> hybrid' where a resume decodes with another data.decoder than the checkpoint's run
+    (`auto` resolves per node, and a run resumes on any): the same rows in the same order, their
+    pixels within about half a uint8 level of the other decoder's, so not a trajectory change,
+    but said. None where it is the same, or the saved recipe does not say (both recipes parsed
+    by trajectory_changes first)."""
+    saved = recipe_yaml.load(saved_yaml) or {}
+    current = recipe_yaml.load(current_yaml) or {}
+    was = _lookup(saved, "data.decoder") if isinstance(saved, dict) else None
+    now = _lookup(current, "data.decoder")
+    was = DECODER_BEFORE_AUTO if was is None else was
+    if was == "auto" or now is None or was == now:
+        return None
+    return f"{was} -> {now}"
 
 
 SHOWN_CHANGES = 5

@@ -34,7 +34,7 @@ from .launcher_watch import LauncherWatch, agreed_stop
 from .metrics import MetricsLogger, PoolRate, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
-from .recipe_change import trajectory_changes
+from .recipe_change import decoder_change, trajectory_changes
 from .resolve import agree_on_chunk, rank_sizes, resolve_recipe, saved_recipe
 from .run_lock import RunLock, holds, share_refusal, take_if_owner
 
@@ -169,6 +169,11 @@ class Trainer:
         if changes and self.rank == 0:
             print(f"infcl-ds train: resuming {tag_dir.name} with recipe changes (--allow-recipe-change): "
                   f"{change_summary(changes)}", file=sys.stderr, flush=True)
+        switched = decoder_change(saved.read_text(), dump_recipe(self.recipe)) if saved.is_file() else None
+        if switched and self.rank == 0:
+            print(f"infcl-ds train: resuming {tag_dir.name} with data.decoder {switched}: the same rows, decoded "
+                  "by another decoder (pixels within about half a level of the checkpoint's run); set data.decoder "
+                  "to keep one", file=sys.stderr, flush=True)
         return tag_dir
 
     @property
