@@ -428,7 +428,7 @@ def _auto_lane_window(recipe: Recipe, best: _Candidate, gpus: int, model: ModelE
             why = (f"the step waits {seconds_text(chosen.decoding.wait_s)} for decoded rows instead of "
                    f"{seconds_text(best.decoding.wait_s)}, the window taken from {source}")
     chosen_recipe = recipe_with(chosen.recipe, "data", gpu_decode_window_gib=gib)
-    return _Candidate(chosen_recipe, chosen.choices + (Choice("data.gpu_decode_window_gib", round(gib, 3), why),),
+    return _Candidate(chosen_recipe, chosen.choices + (Choice("data.gpu_decode_window_gib", gib, why),),
                       chosen.decoding, chosen.time)
 
 

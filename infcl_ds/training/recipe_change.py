@@ -76,12 +76,10 @@ def decoder_change(saved_yaml: str, current_yaml: str) -> Optional[str]:
     """'pil -> hybrid' where a resume decodes with another data.decoder than the checkpoint's run
     (`auto` resolves per node, and a run resumes on any): the same rows in the same order, their
     pixels within about half a uint8 level of the other decoder's, so not a trajectory change,
-    but said. None where it is the same, or the saved recipe does not say (both recipes parsed
-    by trajectory_changes first)."""
-    saved = recipe_yaml.load(saved_yaml) or {}
-    current = recipe_yaml.load(current_yaml) or {}
-    was = _lookup(saved, "data.decoder") if isinstance(saved, dict) else None
-    now = _lookup(current, "data.decoder")
+    but said. A saved recipe without data.decoder ran with DECODER_BEFORE_AUTO. None where it is
+    the same (both recipes already checked by trajectory_changes)."""
+    was = _lookup(recipe_yaml.load(saved_yaml) or {}, "data.decoder")
+    now = _lookup(recipe_yaml.load(current_yaml) or {}, "data.decoder")
     was = DECODER_BEFORE_AUTO if was is None else was
     if was == "auto" or now is None or was == now:
         return None
