@@ -11,6 +11,8 @@ seconds while it decoded, over the images. Each twice: alone, and beside trainin
 runs a tower's forward and backward (bf16, the trainer's chunk) on the same GPU; the tower's
 rate alone and beside the decoder says what decoding costs a step (`towers_slowdown`). Beside
 training the towers' own CPU time (their rate of it alone) is taken off the host figure.
+With `--towers-process` the tower runs in a process of its own on the same GPU: the decoder and
+the tower then share the GPU but not an interpreter lock, which tells the two costs apart.
 
 nvImageCodec tries its backends in order and does not say which decoded an image, so the
 one-backend rows say it: `decoded_by_backend` counts the images that backend decoded itself
@@ -123,23 +125,85 @@ class Towers(threading.Thread):
         return (len(ends) - 1) * self.chunk / (ends[-1] - ends[0]) if len(ends) > 1 else None
 
 
-def towers_alone(model: str, chunk: int, device, seconds: float, compiled: bool = False) -> dict:
-    """The towers' samples/s and this process's CPU seconds per second with nothing else running."""
+class TowersProcess:
+    """Towers' passes in a process of their own on the same GPU (`--towers-process`): what the
+    decoder keeps beside training when the two do not share an interpreter lock. Its passes' end
+    times come back on its stdout (perf_counter is the system's monotonic clock: one timeline)."""
+
+    def __init__(self, model: str, chunk: int, device, compiled: bool = False):
+        self.args, self.chunk = (model, chunk, str(device), compiled), chunk
+        self.ends, self.tid, self.process, self.reader = [], None, None, None
+
+    def start(self, warm_passes: int = 2) -> None:
+        code = "import sys; from benchmarks.decode import towers_loop; towers_loop(*eval(sys.argv[1]))"
+        self.process = subprocess.Popen([sys.executable, "-c", code, repr(self.args)], stdout=subprocess.PIPE,
+                                        text=True, cwd=Path(__file__).resolve().parents[1])
+        seen = 0
+        for line in self.process.stdout:  # untimed passes first: kernels chosen, memory grown
+            seen += 1
+            if seen >= warm_passes:
+                break
+        if seen < warm_passes:
+            raise SystemExit(f"the towers' process ended (status {self.process.wait()}); its error is above")
+        self.reader = threading.Thread(target=lambda: self.ends.extend(float(t) for t in self.process.stdout),
+                                       daemon=True)
+        self.reader.start()
+
+    def join(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.reader.join(timeout=10)
+
+    rate = Towers.rate
+
+
+def towers_loop(model: str, chunk: int, device: str, compiled: bool) -> None:
+    """TowersProcess's child: passes until terminated, each one's end time on a line of stdout."""
+    import torch
+    towers = Towers(model, chunk, device, compiled)
+    if towers.device.type == "cuda":
+        torch.cuda.set_device(towers.device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    while True:
+        towers.one_pass()
+        print(time.perf_counter(), flush=True)
+
+
+def tower_runner(model: str, chunk: int, device, compiled: bool, in_process: bool):
+    """A started run of towers' passes beside whatever this process does next (a thread of this
+    process or, `in_process` False, a process of its own), warmed; `stop_towers` ends it."""
+    if not in_process:
+        towers = TowersProcess(model, chunk, device, compiled)
+        towers.start()
+        return towers
     towers = Towers(model, chunk, device, compiled)
     for _ in range(2):  # untimed: kernels chosen, memory grown
         towers.one_pass()
     towers.start()
+    return towers
+
+
+def stop_towers(towers) -> None:
+    if isinstance(towers, Towers):
+        towers.stop.set()
+    towers.join()
+
+
+def towers_alone(model: str, chunk: int, device, seconds: float, compiled: bool = False,
+                 in_process: bool = True) -> dict:
+    """The towers' samples/s and this process's CPU seconds per second with nothing else running."""
+    towers = tower_runner(model, chunk, device, compiled, in_process)
     time.sleep(min(seconds, 1.0))
     start, cpu = time.perf_counter(), time.process_time()
     time.sleep(seconds)
     end, cpu_s = time.perf_counter(), time.process_time() - cpu
-    towers.stop.set()
-    towers.join()
+    stop_towers(towers)
     rate = towers.rate(start, end)
     if rate is None:
         raise SystemExit(f"the {model} tower finished fewer than two passes in {seconds:g} s: a longer --seconds, "
                          "or its thread failed (its error is above)")
-    return {"samples_per_s": rate, "cpu_per_s": cpu_s / (end - start)}
+    # a process of their own: this process's CPU time is not theirs
+    return {"samples_per_s": rate, "cpu_per_s": cpu_s / (end - start) if in_process else None}
 
 
 def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None, stream_priority: int = 0):
@@ -260,7 +324,8 @@ def telling_lines(log: str, limit: int = 4000) -> str:
 
 
 def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
-                 model: str, compiled: bool = False, stream_priority: int = 0) -> List[dict]:
+                 model: str, compiled: bool = False, stream_priority: int = 0,
+                 towers_in_process: bool = True) -> List[dict]:
     """Two rows per decoder (alone, beside training). A one-backend set of nvImageCodec that
     leaves images to PIL is not timed (PIL's rate, not the backend's): its rows say how many it
     decoded, and the hardware backend's its log."""
@@ -283,13 +348,10 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
         pieces = piece_decoder(library, backends, device, cpu_threads, stream_priority)
         decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
         by_itself = timed_decode(pieces, blobs)
-        towers = Towers(model, chunk, device, compiled)
-        towers.one_pass()
-        towers.start()
+        towers = tower_runner(model, chunk, device, compiled, towers_in_process)
         time.sleep(1.0)
         beside = timed_decode(pieces, blobs, towers.tid)
-        towers.stop.set()
-        towers.join()
+        stop_towers(towers)
         beside_rate = towers.rate(beside["start"], beside["end"])
         for run, beside_training in ((by_itself, False), (beside, True)):
             n, phases = len(blobs), run["phases"]
@@ -303,6 +365,7 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
                    "phases_us_per_image": phases.per_image_us(n)}
             if beside_training:
                 row.update(towers_model=model, towers_chunk=chunk, towers_compiled=compiled,
+                           towers_in="this process" if towers_in_process else "a process of their own",
                            towers_samples_per_s_alone=alone["samples_per_s"],
                            towers_samples_per_s_beside=beside_rate,
                            towers_thread_us_per_image=run["towers_thread_s"] / n * 1e6,
@@ -402,6 +465,9 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--towers-compile", action="store_true",
                    help="torch.compile the tower beside the decoder, as the trainer does (its launches from Python "
                         "far fewer than the eager tower's)")
+    p.add_argument("--towers-process", action="store_true",
+                   help="the tower in a process of its own on the same GPU: the decoder beside training without "
+                        "sharing an interpreter lock with it (the trainer shares one)")
     p.add_argument("--stream-priority", choices=("normal", "high"), default="normal",
                    help="the decoding stream's CUDA priority: high puts its kernels ahead of the towers'")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -436,8 +502,9 @@ def main(argv=None) -> List[dict]:
     decoders = decoders_here(args.libraries.split(","))
     compiled = args.towers_compile
     priority = -1 if args.stream_priority == "high" else 0  # CUDA: lower numbers are higher priorities
-    alone = towers_alone(args.model, args.chunk, device, args.seconds, compiled)
-    print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {alone['cpu_per_s']:.2f} cores", flush=True)
+    alone = towers_alone(args.model, args.chunk, device, args.seconds, compiled, not args.towers_process)
+    cores = "in a process of their own" if alone["cpu_per_s"] is None else f"{alone['cpu_per_s']:.2f} cores"
+    print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {cores}", flush=True)
     identity = {**run_identity(), "cpus": os.cpu_count(), "cores": len(os.sched_getaffinity(0)),
                 "switch_interval_s": sys.getswitchinterval(), "command": "python -m benchmarks.decode " +
                 " ".join(argv if argv is not None else sys.argv[1:])}
@@ -448,7 +515,7 @@ def main(argv=None) -> List[dict]:
         blobs = blobs_from(folder, args.images)
         rows += [{**row, **identity} for row in
                  decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model,
-                              compiled, priority)]
+                              compiled, priority, not args.towers_process)]
         write_rows(args.out, rows + steps, identity)  # after each folder: a call cut short keeps it
     from .plot_data import plot_decode
     plot_decode(args.out, args.out.with_suffix(".png"))

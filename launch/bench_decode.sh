@@ -6,7 +6,8 @@
 #   bash launch/bench_decode.sh decoders            # decoder rows, photos and ~100 KB photos (~4 min)
 #   bash launch/bench_decode.sh decoders-compiled   # the same beside a compiled tower (decode_compiled.json),
 #   bash launch/bench_decode.sh decoders-priority   #  a high-priority decoding stream (decode_priority.json),
-#   bash launch/bench_decode.sh decoders-switch     #  a 0.5 ms GIL switch interval (decode_switch.json)
+#   bash launch/bench_decode.sh decoders-switch     #  a 0.5 ms GIL switch interval (decode_switch.json),
+#   bash launch/bench_decode.sh decoders-process    #  the tower in a process of its own (decode_process.json)
 #   bash launch/bench_decode.sh b16-8cores          # ViT-B-16 32k on one GPU held to 8 cores (~5 min)
 #   bash launch/bench_decode.sh l14-4cores          # ViT-L-14 16k on one GPU held to 4 cores (~6 min)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
@@ -22,7 +23,7 @@
 #   bash launch/bench_decode.sh start decoders@0 zeroshot@3; bash launch/bench_decode.sh wait 400
 #   bash launch/bench_decode.sh calibrate start b16-8cores@1 l14-4cores@2
 #   bash launch/bench_decode.sh wait 540   # until it says all have ended; rows, rates and logs to $OUT
-#   bash launch/bench_decode.sh start decoders@0 decoders-compiled@1 decoders-priority@2 decoders-switch@3
+#   bash launch/bench_decode.sh start decoders@0 decoders-compiled@1 decoders-priority@2 decoders-process@3
 # The step parts time synthetic and JPEG steps of one model in one run (`vs_synthetic`), with
 # data.decoder auto and data.decode_workers auto, so each row says what the rank's plan chose.
 # Rows of bench train go to $OUT/decode_steps-PART.json and the scale row to $SCALE_OUT; `steps`
@@ -96,9 +97,9 @@ while [ $# -gt 0 ]; do
     decoders) make_shards
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" \
                 --out "$out/decode.json" ;;
-    decoders-compiled|decoders-priority|decoders-switch) make_shards
+    decoders-compiled|decoders-priority|decoders-switch|decoders-process) make_shards
               declare -A variant=([decoders-compiled]="--towers-compile" [decoders-priority]="--stream-priority high"
-                                  [decoders-switch]="--switch-interval 0.0005")
+                                  [decoders-switch]="--switch-interval 0.0005" [decoders-process]="--towers-process")
               # shellcheck disable=SC2086  # the variant's options, split on purpose
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" ${variant[$part]} \
                 --out "$out/decode_${part#decoders-}.json" ;;
