@@ -206,6 +206,27 @@ def towers_alone(model: str, chunk: int, device, seconds: float, compiled: bool 
     return {"samples_per_s": rate, "cpu_per_s": cpu_s / (end - start) if in_process else None}
 
 
+def blocking_sync() -> None:
+    """This process's CUDA waits sleep rather than spin (each GPU's primary context made with
+    CU_CTX_SCHED_BLOCKING_SYNC, before torch makes it), so that a wait inside a library's call is
+    not counted as its host work (`--blocking-sync`)."""
+    import ctypes
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        raise SystemExit(f"--blocking-sync needs the CUDA driver (libcuda.so.1): {err}") from None
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    count, device = ctypes.c_int(), ctypes.c_int()
+    for what, rc in (("cuInit", lambda: cuda.cuInit(0)), ("cuDeviceGetCount", lambda: cuda.cuDeviceGetCount(
+            ctypes.byref(count)))):
+        if rc() != 0:
+            raise SystemExit(f"--blocking-sync: {what} failed")
+    for ordinal in range(count.value):
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0 or set_flags(device, 0x4) != 0:
+            raise SystemExit(f"--blocking-sync: GPU {ordinal}'s primary context flags could not be set "
+                             "(torch made the context first?)")
+
+
 def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = None, stream_priority: int = 0):
     """The trainer's piece decoder with `library`'s JPEG decoder (nvImageCodec limited to
     `backends` and `cpu_threads`), its stream at `stream_priority`."""
@@ -218,13 +239,14 @@ def piece_decoder(library: str, backends, device, cpu_threads: Optional[int] = N
 
 
 class PhaseClock:
-    """Wall and CPU seconds of the decoding thread in each part of the piece decoder (its parts
-    wrapped for one timed run): where its host time goes, and how much of it is waiting."""
+    """Wall and CPU seconds of the decoding threads in each part of the piece decoder (its parts
+    wrapped for one timed run): where their host time goes, and how much of it is waiting."""
     PHASES = ("jpeg library", "crop draws", "crop launch", "waiting for the GPU")
 
     def __init__(self):
         self.wall = dict.fromkeys(self.PHASES, 0.0)
         self.cpu = dict.fromkeys(self.PHASES, 0.0)
+        self._lock = threading.Lock()
 
     def timed(self, phase: str, fn):
         def wrapped(*args, **kwargs):
@@ -232,8 +254,10 @@ class PhaseClock:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.wall[phase] += time.perf_counter() - wall
-                self.cpu[phase] += time.thread_time() - cpu
+                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                with self._lock:
+                    self.wall[phase] += wall
+                    self.cpu[phase] += cpu
         return wrapped
 
     def per_image_us(self, images: int) -> dict:
@@ -241,14 +265,12 @@ class PhaseClock:
                 for phase in self.PHASES}
 
 
-def decode_all(pieces, blobs: List[bytes], clock: Optional[PhaseClock] = None) -> None:
-    """Every PIECE of `blobs` decoded and cropped, the next piece queued before waiting for the
-    last one's event (the lane's overlap of host and GPU work). `clock`: the parts timed."""
-    wait = (lambda event: event.synchronize()) if clock is None else clock.timed("waiting for the GPU",
-                                                                                 lambda event: event.synchronize())
+def decode_in_order(pieces, blobs: List[bytes], rows0: List[int], wait, piece: int = PIECE) -> None:
+    """The pieces of `blobs` that start at `rows0` decoded and cropped, the next piece queued
+    before waiting for the last one's event (the lane's overlap of host and GPU work)."""
     previous = None
-    for row0 in range(0, len(blobs), PIECE):
-        part = blobs[row0:row0 + PIECE]
+    for row0 in rows0:
+        part = blobs[row0:row0 + piece]
         _, event = pieces.decode((row0, part, 0, list(range(row0, row0 + len(part)))))
         if previous is not None:
             wait(previous)
@@ -257,26 +279,61 @@ def decode_all(pieces, blobs: List[bytes], clock: Optional[PhaseClock] = None) -
         wait(previous)
 
 
-def timed_decode(pieces, blobs: List[bytes], towers_tid: Optional[int] = None) -> dict:
-    """One timed run of decode_all: its wall time, and the CPU seconds of the decoding thread
+def decode_all(decoders, blobs: List[bytes], clock: Optional[PhaseClock] = None, piece: int = PIECE) -> float:
+    """Every `piece` images of `blobs` decoded and cropped by `decoders` (one piece decoder, or a list:
+    each on a thread of its own with every len(decoders)-th piece, as lanes decoding side by
+    side). `clock`: the parts timed. The decoding threads' CPU seconds."""
+    decoders = decoders if isinstance(decoders, list) else [decoders]
+    wait = (lambda event: event.synchronize()) if clock is None else clock.timed("waiting for the GPU",
+                                                                                 lambda event: event.synchronize())
+    rows0 = list(range(0, len(blobs), piece))
+    if len(decoders) == 1:
+        mine = time.thread_time()
+        decode_in_order(decoders[0], blobs, rows0, wait, piece)
+        return time.thread_time() - mine
+    cpu, errors = [], []
+
+    def lane(k: int) -> None:
+        mine = time.thread_time()
+        try:
+            decode_in_order(decoders[k], blobs, rows0[k::len(decoders)], wait, piece)
+        except BaseException as err:  # noqa: BLE001 - raised below, on the caller's thread
+            errors.append(err)
+        cpu.append(time.thread_time() - mine)
+    threads = [threading.Thread(target=lane, args=(k,), name=f"decode-{k}") for k in range(len(decoders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return sum(cpu)
+
+
+def timed_decode(decoders, blobs: List[bytes], towers_tid: Optional[int] = None, piece: int = PIECE) -> dict:
+    """One timed run of decode_all: its wall time, and the CPU seconds of the decoding threads
     (by part: PhaseClock), of the towers' thread (`towers_tid`) and of every other thread of this
     process (the library's and CUDA's), read from /proc."""
     from infcl_ds.data.decoding import device_decode
+    decoders = decoders if isinstance(decoders, list) else [decoders]
     clock = PhaseClock()
-    saved = pieces.jpegs, pieces.geometry.boxes, device_decode.resized_crops
-    pieces.jpegs = clock.timed("jpeg library", pieces.jpegs)
-    pieces.geometry.boxes = clock.timed("crop draws", pieces.geometry.boxes)
+    saved = [(pieces.jpegs, pieces.geometry.boxes) for pieces in decoders], device_decode.resized_crops
+    for pieces in decoders:
+        pieces.jpegs = clock.timed("jpeg library", pieces.jpegs)
+        pieces.geometry.boxes = clock.timed("crop draws", pieces.geometry.boxes)
     device_decode.resized_crops = clock.timed("crop launch", device_decode.resized_crops)
     try:
         threads_before = thread_cpu_s(os.getpid())
-        start, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
-        decode_all(pieces, blobs, clock)
-        end, cpu_s, mine_s = time.perf_counter(), time.process_time() - cpu, time.thread_time() - mine
+        start, cpu = time.perf_counter(), time.process_time()
+        mine_s = decode_all(decoders, blobs, clock, piece)
+        end, cpu_s = time.perf_counter(), time.process_time() - cpu
         threads_after = thread_cpu_s(os.getpid())
     finally:
-        pieces.jpegs, pieces.geometry.boxes, device_decode.resized_crops = saved
-        if "boxes" in vars(pieces.geometry):
-            del pieces.geometry.boxes
+        for pieces, (jpegs, _) in zip(decoders, saved[0]):
+            pieces.jpegs = jpegs
+            if "boxes" in vars(pieces.geometry):
+                del pieces.geometry.boxes
+        device_decode.resized_crops = saved[1]
     delta = {tid: threads_after[tid][1] - threads_before.get(tid, ("", 0.0))[1] for tid in threads_after}
     # the tower's backward runs on torch's autograd threads (pt_autograd_N), not on its own
     towers_s = 0.0 if towers_tid is None else delta.get(towers_tid, 0.0) + sum(
@@ -325,7 +382,7 @@ def telling_lines(log: str, limit: int = 4000) -> str:
 
 def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, device, alone: dict, chunk: int,
                  model: str, compiled: bool = False, stream_priority: int = 0,
-                 towers_in_process: bool = True) -> List[dict]:
+                 towers_in_process: bool = True, decode_threads: int = 1, piece: int = PIECE) -> List[dict]:
     """Two rows per decoder (alone, beside training). A one-backend set of nvImageCodec that
     leaves images to PIL is not timed (PIL's rate, not the backend's): its rows say how many it
     decoded, and the hardware backend's its log."""
@@ -336,7 +393,8 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
         base = {"kind": "decoder", "shards": name, "bytes_per_image": bytes_per_image, "images": len(blobs),
                 "decoder": "nvjpeg", "gpu_jpeg_library": library, "backend": backend_name,
                 "backends": list(backends or ()), "cpu_threads": cpu_threads, "decoded_by_backend": decoded,
-                "image_size": IMAGE_SIZE, "piece": PIECE, "stream_priority": stream_priority}
+                "image_size": IMAGE_SIZE, "piece": piece, "stream_priority": stream_priority,
+                "decode_threads": decode_threads}
         if backend_name == "hardware":  # the engines it found, and why it passed any image on
             base["library_log"] = library_log(shard_dir, backends, device)
         if decoded is not None and decoded < len(blobs) and not backend_name.startswith("trainer's"):
@@ -345,12 +403,13 @@ def decoder_rows(name: str, shard_dir: Path, blobs: List[bytes], decoders, devic
                      for beside in (False, True)]
             print(f"{name} {library} {backend_name}: decoded {decoded:,} of {len(blobs):,} itself; not timed", flush=True)
             continue
-        pieces = piece_decoder(library, backends, device, cpu_threads, stream_priority)
-        decode_all(pieces, blobs[:PIECE])  # untimed: handles, buffers, kernels
-        by_itself = timed_decode(pieces, blobs)
+        pieces = [piece_decoder(library, backends, device, cpu_threads, stream_priority)
+                  for _ in range(decode_threads)]
+        decode_all(pieces, blobs[:piece * decode_threads], piece=piece)  # untimed: handles, buffers, kernels
+        by_itself = timed_decode(pieces, blobs, piece=piece)
         towers = tower_runner(model, chunk, device, compiled, towers_in_process)
         time.sleep(1.0)
-        beside = timed_decode(pieces, blobs, towers.tid)
+        beside = timed_decode(pieces, blobs, towers.tid, piece)
         stop_towers(towers)
         beside_rate = towers.rate(beside["start"], beside["end"])
         for run, beside_training in ((by_itself, False), (beside, True)):
@@ -430,15 +489,18 @@ def with_steps(out: Path, sources: List[Path]) -> List[dict]:
     return kept + step_rows(train_rows, scale_rows)
 
 
-def decoders_here(libraries: List[str]) -> List[tuple]:
+def decoders_here(libraries: List[str], trainers_only: bool = False) -> List[tuple]:
     """(library, backend row name, backends, CPU threads) to measure: torchvision's binding once,
     nvImageCodec with the trainer's backends (with the library's threads and with FEW_CPU_THREADS)
-    and with each backend alone (on a CPU its one CPU backend)."""
+    and with each backend alone (on a CPU its one CPU backend); `trainers_only`: nvImageCodec
+    with the trainer's backends alone."""
     import torch
     out = []
     for library in libraries:
         if library == "torchvision":
             out.append(("torchvision", "nvjpeg" if torch.cuda.is_available() else "libjpeg-turbo", None, None))
+        elif torch.cuda.is_available() and trainers_only:
+            out.append(("nvimgcodec", "trainer's", NVIMGCODEC_BACKENDS["trainer's"], None))
         elif torch.cuda.is_available():
             out += [("nvimgcodec", name, kinds, None) for name, kinds in NVIMGCODEC_BACKENDS.items()]
             out.append(("nvimgcodec", f"trainer's, {FEW_CPU_THREADS} CPU threads", NVIMGCODEC_BACKENDS["trainer's"],
@@ -455,6 +517,9 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--steps-from", help="instead of decoding: JSON files of bench train and scale rows, "
                                         "comma-separated, whose JPEG steps become the step rows of --out")
     p.add_argument("--images", type=int, default=8 * PIECE, help="images decoded per row")
+    p.add_argument("--trainers-backends-only", action="store_true",
+                   help="nvImageCodec with the trainer's backends only (no row per backend alone)")
+    p.add_argument("--piece", type=int, default=PIECE, help="images per batched decode (the lane's piece)")
     p.add_argument("--libraries", default="nvimgcodec,torchvision", help="data.gpu_jpeg_library values")
     p.add_argument("--model", default="ViT-B-16", help="the tower trained beside the decoder")
     p.add_argument("--chunk", type=int, default=256, help="the tower's samples per pass")
@@ -468,10 +533,20 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--towers-process", action="store_true",
                    help="the tower in a process of its own on the same GPU: the decoder beside training without "
                         "sharing an interpreter lock with it (the trainer shares one)")
+    p.add_argument("--decode-threads", type=int, default=1,
+                   help="piece decoders side by side, each on a thread and a stream of its own with every N-th "
+                        "piece: whether calls that wait on the GPU overlap")
+    p.add_argument("--blocking-sync", action="store_true",
+                   help="CUDA waits sleep rather than spin (CU_CTX_SCHED_BLOCKING_SYNC): a library call's own "
+                        "waits then leave the host figure")
     p.add_argument("--stream-priority", choices=("normal", "high"), default="normal",
                    help="the decoding stream's CUDA priority: high puts its kernels ahead of the towers'")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
+    if args.decode_threads < 1:
+        p.error(f"--decode-threads takes 1 or more, got {args.decode_threads}")
+    if args.blocking_sync:
+        blocking_sync()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     if args.steps_from:
@@ -499,14 +574,15 @@ def main(argv=None) -> List[dict]:
         p.error(f"--shards takes NAME=FOLDER[,NAME=FOLDER], got {args.shards!r}")
     folders: Dict[str, Path] = dict((name, Path(folder)) for name, folder in
                                     (item.split("=", 1) for item in args.shards.split(",")))
-    decoders = decoders_here(args.libraries.split(","))
+    decoders = decoders_here(args.libraries.split(","), args.trainers_backends_only)
     compiled = args.towers_compile
     priority = -1 if args.stream_priority == "high" else 0  # CUDA: lower numbers are higher priorities
     alone = towers_alone(args.model, args.chunk, device, args.seconds, compiled, not args.towers_process)
     cores = "in a process of their own" if alone["cpu_per_s"] is None else f"{alone['cpu_per_s']:.2f} cores"
     print(f"towers alone: {alone['samples_per_s']:,.1f} samples/s, {cores}", flush=True)
     identity = {**run_identity(), "cpus": os.cpu_count(), "cores": len(os.sched_getaffinity(0)),
-                "switch_interval_s": sys.getswitchinterval(), "command": "python -m benchmarks.decode " +
+                "switch_interval_s": sys.getswitchinterval(), "cuda_waits": "sleep" if args.blocking_sync else "spin",
+                "command": "python -m benchmarks.decode " +
                 " ".join(argv if argv is not None else sys.argv[1:])}
     # the step rows already in --out stay (`--steps-from` made them)
     steps = [r for r in json.loads(args.out.read_text())["rows"] if r.get("kind") == "step"] if args.out.is_file() else []
@@ -515,7 +591,7 @@ def main(argv=None) -> List[dict]:
         blobs = blobs_from(folder, args.images)
         rows += [{**row, **identity} for row in
                  decoder_rows(name, folder, blobs, decoders, device, alone, args.chunk, args.model,
-                              compiled, priority, not args.towers_process)]
+                              compiled, priority, not args.towers_process, args.decode_threads, args.piece)]
         write_rows(args.out, rows + steps, identity)  # after each folder: a call cut short keeps it
     from .plot_data import plot_decode
     plot_decode(args.out, args.out.with_suffix(".png"))

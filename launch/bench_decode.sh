@@ -8,13 +8,16 @@
 #   bash launch/bench_decode.sh decoders-priority   #  a high-priority decoding stream (decode_priority.json),
 #   bash launch/bench_decode.sh decoders-switch     #  a 0.5 ms GIL switch interval (decode_switch.json),
 #   bash launch/bench_decode.sh decoders-process    #  the tower in a process of its own (decode_process.json)
+#   bash launch/bench_decode.sh lanes-4             # 4 decoding threads side by side (decode_lanes-4.json;
+#                                                   #  lanes-1/2/8, -sleep, -piece256, -compiled: the table below)
 #   bash launch/bench_decode.sh b16-8cores          # ViT-B-16 32k on one GPU held to 8 cores (~5 min)
 #   bash launch/bench_decode.sh l14-4cores          # ViT-L-14 16k on one GPU held to 4 cores (~6 min)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
-# The one-GPU parts at once, each on a GPU of its own (PART@GPU) and that GPU's share of the cores
+# The one-GPU parts at once, each on a GPU of its own (PART@GPU, or PART+PART@GPU one after
+# another) and that GPU's share of the cores
 # (its taskset takes the first of them), in process sessions that outlive the command; the decoder
 # rows first, so that the step parts plan with their rates (calibrate: the planner's decode rates
 # from decode.json, as python -m infcl_ds.plan.calibrate --decode does; it writes the checkout's
@@ -31,7 +34,7 @@
 # under $SHARDS and 8,192 photos of ~100 KB under $LARGE, made once per host.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ $# -gt 0 ] || { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
@@ -66,7 +69,8 @@ start_side_by_side() {  # PART@GPU... each in a process session of its own
     [[ $spec == *@* ]] || { echo "start: $spec needs @GPU" >&2; exit 2; }
     echo "$part on GPU ${spec#*@}, cores from $((${spec#*@} * cores_per_gpu))"
     rm -f "$work/$part.rc"
-    (OUT=$work/rows GPU=${spec#*@} setsid bash -c 'bash launch/bench_decode.sh "$1"; echo $? > "$2.rc"' _ \
+    # shellcheck disable=SC2086  # PART+PART: its parts, one after another
+    (OUT=$work/rows GPU=${spec#*@} setsid bash -c 'bash launch/bench_decode.sh ${1//+/ }; echo $? > "$2.rc"' _ \
        "$part" "$work/$part" > "$work/$part.log" 2>&1 < /dev/null &)
     grep -qx "$part" "$work/parts" 2>/dev/null || echo "$part" >> "$work/parts"
   done
@@ -90,6 +94,15 @@ wait_side_by_side() {  # up to SECONDS for the started parts; their rows and log
   fi
   [ $running = 0 ]
 }
+# The decoder rows' variants: each asks what sets the GPU decoder's pace beside training.
+lanes="--trainers-backends-only"
+declare -A variant=([decoders-compiled]="--towers-compile" [decoders-priority]="--stream-priority high"
+                    [decoders-switch]="--switch-interval 0.0005" [decoders-process]="--towers-process"
+                    [lanes-1]="$lanes" [lanes-2]="$lanes --decode-threads 2" [lanes-4]="$lanes --decode-threads 4"
+                    [lanes-8]="$lanes --decode-threads 8" [lanes-1-sleep]="$lanes --blocking-sync"
+                    [lanes-4-sleep]="$lanes --decode-threads 4 --blocking-sync"
+                    [lanes-4-piece256]="$lanes --decode-threads 4 --piece 256"
+                    [lanes-4-compiled]="$lanes --decode-threads 4 --towers-compile")
 while [ $# -gt 0 ]; do
   part=$1; shift
   case "$part" in
@@ -97,9 +110,8 @@ while [ $# -gt 0 ]; do
     decoders) make_shards
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" \
                 --out "$out/decode.json" ;;
-    decoders-compiled|decoders-priority|decoders-switch|decoders-process) make_shards
-              declare -A variant=([decoders-compiled]="--towers-compile" [decoders-priority]="--stream-priority high"
-                                  [decoders-switch]="--switch-interval 0.0005" [decoders-process]="--towers-process")
+    decoders-*|lanes-*) make_shards
+              [ -n "${variant[$part]:-}" ] || { echo "unknown part $part" >&2; exit 2; }
               # shellcheck disable=SC2086  # the variant's options, split on purpose
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" ${variant[$part]} \
                 --out "$out/decode_${part#decoders-}.json" ;;

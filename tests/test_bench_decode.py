@@ -52,13 +52,13 @@ def test_decoder_rows_alone_and_beside_a_tower(tmp_path):
     assert (tmp_path / "decode.png").is_file()
 
 
-def test_the_tower_in_a_process_of_its_own_is_timed_beside_the_decoder(tmp_path):
+def test_the_tower_in_a_process_of_its_own_and_two_decoding_threads(tmp_path):
     make_photo_shards(tmp_path / "photos", 16, 16, workers=1)
     out = tmp_path / "decode.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "benchmarks.decode", "--shards", f"photos={tmp_path / 'photos'}",
                            "--images", "16", "--libraries", "torchvision", "--model", "infcl-tiny", "--chunk", "4",
-                           "--seconds", "1", "--towers-process", "--out", str(out)],
+                           "--seconds", "1", "--towers-process", "--decode-threads", "2", "--piece", "4", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "towers alone: " in done.stdout and "in a process of their own" in done.stdout
@@ -67,6 +67,12 @@ def test_the_tower_in_a_process_of_its_own_is_timed_beside_the_decoder(tmp_path)
     # the tower's passes came back from its process, and none of its CPU time is counted here
     assert beside[0]["towers_samples_per_s_alone"] > 0 and beside[0]["towers_slowdown"] > 0
     assert beside[0]["towers_thread_us_per_image"] == 0
+    # two decoders on threads of their own, every piece decoded once: the library's part of
+    # their host time is there, and no more than their threads' own CPU time
+    row = beside[0]
+    assert row["decode_threads"] == 2 and row["images"] == 16
+    work = sum(row["phases_us_per_image"][p]["cpu"] for p in ("jpeg library", "crop draws", "crop launch"))
+    assert 0 < work <= row["decoding_thread_us_per_image"] + 1.0
 
 
 def test_the_library_log_keeps_the_lines_that_say_which_backend_and_why():
