@@ -489,6 +489,19 @@ def with_steps(out: Path, sources: List[Path]) -> List[dict]:
     return kept + step_rows(train_rows, scale_rows)
 
 
+def variant_rows(sources: List[Path]) -> List[dict]:
+    """The decoder rows of each variant's file (decode_VARIANT.json, as launch/bench_decode.sh
+    names them), each with its `variant`; a file named decode.json is the variants' baseline
+    (`variant` "none"), measured in the same command as the variants beside it."""
+    rows = []
+    for source in sources:
+        name = Path(source).stem
+        variant = "none" if name == "decode" else name[len("decode_"):] if name.startswith("decode_") else name
+        rows += [{**r, "variant": variant} for r in json.loads(Path(source).read_text())["rows"]
+                 if r.get("kind") != "step"]
+    return rows
+
+
 def decoders_here(libraries: List[str], trainers_only: bool = False) -> List[tuple]:
     """(library, backend row name, backends, CPU threads) to measure: torchvision's binding once,
     nvImageCodec with the trainer's backends (with the library's threads and with FEW_CPU_THREADS)
@@ -516,6 +529,8 @@ def main(argv=None) -> List[dict]:
     p.add_argument("--shards", help="NAME=FOLDER[,NAME=FOLDER]: shard folders (infcl-ds data photos)")
     p.add_argument("--steps-from", help="instead of decoding: JSON files of bench train and scale rows, "
                                         "comma-separated, whose JPEG steps become the step rows of --out")
+    p.add_argument("--variants-from", help="instead of decoding: decode_VARIANT.json files (and the decode.json "
+                                           "measured beside them), comma-separated, gathered into --out")
     p.add_argument("--images", type=int, default=8 * PIECE, help="images decoded per row")
     p.add_argument("--trainers-backends-only", action="store_true",
                    help="nvImageCodec with the trainer's backends only (no row per backend alone)")
@@ -549,6 +564,16 @@ def main(argv=None) -> List[dict]:
         blocking_sync()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
+    if args.variants_from:
+        rows = variant_rows([Path(f) for f in args.variants_from.split(",")])
+        first = json.loads(Path(args.variants_from.split(",")[0]).read_text())["meta"]
+        # the rows' device, not this machine's; each row says its commit and command
+        meta = {k: v for k, v in first.items() if k not in ("command", "commit")}
+        write_rows(args.out, rows, {**meta, "commits": sorted({r.get("commit") for r in rows if r.get("commit")}),
+                                    "sources": [Path(f).name for f in args.variants_from.split(",")]})
+        from .plot_data import plot_decode_variants
+        plot_decode_variants(args.out, args.out.with_suffix(".png"))
+        return rows
     if args.steps_from:
         rows = with_steps(args.out, [Path(f) for f in args.steps_from.split(",")])
         meta = json.loads(args.out.read_text())["meta"] if args.out.is_file() else run_identity()

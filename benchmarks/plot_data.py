@@ -115,3 +115,36 @@ def plot_decode(json_path: Path, png_path: Path) -> None:
     meta = data["meta"]
     fig.suptitle(f"the GPU decoder, {meta.get('device', '')}, commit {meta.get('commit', '')}", fontsize=10)
     save(fig, png_path)
+
+
+def plot_decode_variants(json_path: Path, png_path: Path) -> None:
+    """What sets the GPU decoder's pace beside training (decode_variants.json): per variant, the
+    images/s beside training, host µs per image and the towers' slowdown of each library as the
+    trainer runs it (nvImageCodec with the trainer's backends, torchvision) on each shard folder, the
+    variants of one command beside their baseline (`none`, or one decoding thread)."""
+    plt = pyplot()
+    data = json.loads(Path(json_path).read_text())
+    # the two decoders the trainer can be given (decode.png has every backend)
+    rows = [r for r in data["rows"] if r.get("beside_training") and r.get("images_per_s")
+            and r.get("backend") in ("trainer's", "nvjpeg")]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    series = list(dict.fromkeys((r["shards"], r["gpu_jpeg_library"], r["backend"]) for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
+    width = 0.8 / max(len(series), 1)
+    for k, key in enumerate(series):
+        by_variant = {r["variant"]: r for r in rows if (r["shards"], r["gpu_jpeg_library"], r["backend"]) == key}
+        at = [i + (k - (len(series) - 1) / 2) * width for i in range(len(variants))]
+        for ax, field in zip(axes, ("images_per_s", "host_us_per_image", "towers_slowdown")):
+            ax.bar(at, [(by_variant.get(v) or {}).get(field) or 0 for v in variants], width, label=" ".join(key))
+    for ax, title in zip(axes, ("images decoded and cropped / s beside training", "host µs per image",
+                                "towers' time beside the decoder / alone")):
+        ax.set_xticks(list(range(len(variants))))
+        ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    axes[0].axhline(10_000, color="red", ls=":", lw=1)
+    axes[1].axhline(50, color="red", ls=":", lw=1)
+    axes[2].axhline(1.0, color="gray", ls=":")
+    axes[0].legend(fontsize=7)
+    meta = data["meta"]
+    fig.suptitle(f"the GPU decoder beside training, by variant, {meta.get('device', '')}", fontsize=10)
+    save(fig, png_path)

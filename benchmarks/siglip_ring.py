@@ -19,7 +19,7 @@ from infcl_ds.training.distributed import leave_distributed
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import DTYPES, add_row, require_passed, ring_check, run_row, same_work_rows
 from tests.reference import siglip_loss_reference
-from .siglip import FLOPS_PER_B2D, infcl_ds_loss, make_inputs, siglip_row
+from .siglip import infcl_ds_loss, make_inputs, siglip_row
 
 OPEN_CLIP_EXCHANGES = ("bidir", "shift", "reduce", "gather")  # open_clip's SigLipLoss(dist_impl=...)
 

@@ -156,3 +156,24 @@ def test_a_backend_that_leaves_images_to_pil_is_not_timed_and_keeps_the_librarys
         assert row["images_per_s"] is None and row["decoded_by_backend"] == 3
         assert row["not_timed"] == "the backend decoded 3 of 8 images itself"
         assert row["library_log"].startswith("HW decoder not supported")
+
+
+def test_variant_files_are_gathered_each_row_naming_its_variant(tmp_path):
+    from benchmarks.decode import main
+    row = {"kind": "decoder", "shards": "photos", "gpu_jpeg_library": "torchvision", "backend": "nvjpeg",
+           "beside_training": True, "images_per_s": 3000.0, "host_us_per_image": 400.0, "towers_slowdown": 1.1,
+           "commit": "abc1234", "device": "NVIDIA H200"}
+    sources = []
+    for name, rate in (("decode", 3000.0), ("decode_lanes-4", 7000.0)):
+        path = tmp_path / name / f"{name}.json"  # folders of their own: each command's $OUT
+        path.parent.mkdir()
+        step = {"kind": "step", "model": "ViT-B-16"}  # decode.json's step rows are not a variant's
+        path.write_text(json.dumps({"meta": {"device": "NVIDIA H200", "commit": "abc1234", "command": "x"},
+                                    "rows": [{**row, "images_per_s": rate}, step]}))
+        sources.append(str(path))
+    out = tmp_path / "decode_variants.json"
+    rows = main(["--variants-from", ",".join(sources), "--out", str(out)])
+    assert [(r["variant"], r["images_per_s"]) for r in rows] == [("none", 3000.0), ("lanes-4", 7000.0)]
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["device"] == "NVIDIA H200" and meta["commits"] == ["abc1234"] and "command" not in meta
+    assert out.with_suffix(".png").is_file()

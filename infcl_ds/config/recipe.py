@@ -38,6 +38,7 @@ MAX_SAMPLES = 2 ** 30
 # Processes a rank forks (data.workers, data.decode_workers): more than the hardware threads of
 # the largest nodes (2 x 192 cores with SMT: 768), and every rank of the node forks its own.
 MAX_PROCESSES = 1024
+MAX_GPU_DECODE_LANES = 16  # threads: more than the host has cores to drive
 # GiB of one rank's host or GPU memory (data.*_gib): 16 TiB, more than any node holds.
 MAX_GIB = 16384
 # Steps: checkpoint tags are step_%08d, ordered by name (training/checkpoint.py).
@@ -181,9 +182,16 @@ class DataSection(Section):
     # encoded, nvjpeg and hybrid: the library that drives the GPU's JPEG decoding. torchvision:
     # its nvJPEG binding; nvimgcodec: NVIDIA's nvImageCodec (the gpu-decode extra), whose batched
     # call reaches the GPU's hardware JPEG decoder (data/decoding/nvimgcodec_decode.py). Both
-    # decode ~3,100 photos/s beside a training tower on an H200; torchvision's slows the tower
-    # less (docs/benchmarks/decode.json), so it stays the default.
+    # decode 3,000-3,400 photos/s beside a training tower on an H200, and only torchvision's
+    # calls overlap in lanes (docs/benchmarks/decode.json, decode_variants.json), so it stays
+    # the default.
     gpu_jpeg_library: Literal["torchvision", "nvimgcodec"] = "torchvision"
+    # encoded, nvjpeg and hybrid: threads decoding on the GPU, each with a CUDA stream (and an
+    # nvImageCodec decoder) of its own. Beside training a library call waits on the busy GPU and
+    # several calls overlap: with torchvision 4 lanes decode about 2.5x one lane's photos/s and
+    # slow the towers more; nvImageCodec's calls do not overlap (docs/benchmarks/decode_variants.json).
+    # The planner takes each count's measured rate (calibration/decode_rates.json).
+    gpu_decode_lanes: Count(1, MAX_GPU_DECODE_LANES) = 1
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured
     # rates of the GPU and of decode_workers PIL processes (data/footprint.py: gpu_decode_share).
     gpu_decode_share: Union[Literal["auto"], Fraction] = "auto"

@@ -46,20 +46,38 @@ DECODE_RATES_PER_WORKER = {name: float(_DECODE_RATES[f"{name}_per_process"]) for
 GPU_DECODER_KEYS = {"torchvision": "nvjpeg", "nvimgcodec": "nvimgcodec"}
 
 
-def gpu_decode_rate(library: str = "torchvision") -> float:
-    """Decodes per second of one GPU's decoder through `library` (data.gpu_jpeg_library)."""
-    return float(_DECODE_RATES[f"{GPU_DECODER_KEYS[library]}_per_gpu"])
+def _lanes_measured(table: dict, lanes: int) -> Optional[float]:
+    """`table`'s entry for the largest measured lane count up to `lanes` (more lanes than were
+    measured add nothing known), None where it has none."""
+    counts = [int(n) for n in table if int(n) <= lanes]
+    return float(table[str(max(counts))]) if counts else None
 
 
-def gpu_decode_towers_slowdown(library: str = "torchvision") -> float:
-    """How many times longer the towers' passes take while `library`'s GPU decoder decodes."""
-    return float(_DECODE_RATES.get(f"{GPU_DECODER_KEYS[library]}_towers_slowdown", 1.0))
+def gpu_decode_rate(library: str = "torchvision", lanes: int = 1) -> float:
+    """Decodes per second of one GPU's decoder through `library` (data.gpu_jpeg_library) with
+    `lanes` decoding threads (data.gpu_decode_lanes): one lane's measured rate times the measured
+    rate of that many lanes over one lane's, both from one run (`<key>_lanes_gain`)."""
+    key = GPU_DECODER_KEYS[library]
+    gain = _lanes_measured(_DECODE_RATES.get(f"{key}_lanes_gain", {}), lanes) if lanes > 1 else None
+    return float(_DECODE_RATES[f"{key}_per_gpu"]) * (gain or 1.0)
 
 
-def hybrid_gpu_share(workers: int, library: str = "torchvision") -> float:
-    """The GPU's share of each chunk under data.decoder=hybrid: its rate over the rate of the GPU
-    and `workers` PIL processes together, so both finish a chunk at once."""
-    gpu, cpu = gpu_decode_rate(library), workers * DECODE_RATES_PER_WORKER["pil"]
+def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> float:
+    """How many times longer the towers' passes take while `library`'s GPU decoder decodes with
+    `lanes` threads: one lane's measured slowdown times that many lanes' over one lane's
+    (`<key>_lanes_slowdown`, from one run)."""
+    key = GPU_DECODER_KEYS[library]
+    more = _lanes_measured(_DECODE_RATES.get(f"{key}_lanes_slowdown", {}), lanes) if lanes > 1 else None
+    return float(_DECODE_RATES.get(f"{key}_towers_slowdown", 1.0)) * (more or 1.0)
+
+
+def hybrid_gpu_share(data: DataSection, workers: Optional[int] = None) -> float:
+    """The GPU's share of each chunk under data.decoder=hybrid: its rate (data.gpu_jpeg_library,
+    data.gpu_decode_lanes) over the rate of the GPU and `workers` PIL processes together
+    (data.decode_workers where not given), so both finish a chunk at once."""
+    workers = data.decode_workers if workers is None else workers
+    gpu = gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes)
+    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
     return gpu / (gpu + cpu)
 
 
@@ -72,7 +90,7 @@ def gpu_decode_share(data: DataSection) -> float:
     if data.decoder == "nvjpeg":
         return 1.0
     if data.gpu_decode_share == "auto":
-        return hybrid_gpu_share(data.decode_workers, data.gpu_jpeg_library)
+        return hybrid_gpu_share(data)
     return data.gpu_decode_share
 
 

@@ -329,7 +329,7 @@ def _plan_decoder(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSi
         recipe = recipe_with(recipe, "data", decode_workers=workers.count)
         choices.append(Choice("data.decode_workers", workers.count, workers.why))
     if recipe.data.decoder == "hybrid" and recipe.data.gpu_decode_share == "auto":
-        share = hybrid_gpu_share(recipe.data.decode_workers, recipe.data.gpu_jpeg_library)
+        share = hybrid_gpu_share(recipe.data)
         recipe = recipe_with(recipe, "data", gpu_decode_share=share)
         choices.append(Choice("data.gpu_decode_share", round(share, 4), "the GPU's rate over both decoders'"))
     lane_auto = recipe.data.gpu_decode_window_gib == "auto"

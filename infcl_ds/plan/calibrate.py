@@ -13,7 +13,8 @@ the wheel.
 --decode FILE: the GPU decoder's rates of benchmarks/decode.py's rows (docs/benchmarks/decode.json)
 into decode_rates.json: per data.gpu_jpeg_library, the decodes per second beside training of
 the decoder the trainer builds, on the photos shards, and how many times longer the towers'
-passes took beside it.
+passes took beside it. --decode-lanes FILE: how those change with several decoding threads
+(data.gpu_decode_lanes), from the lanes-N rows of docs/benchmarks/decode_variants.json.
 
 --check: the planner, with the constants in the code, against the peaks measured in
 configurations it was NOT fitted on (launch/bench_planner_check.sh): allocated peak against
@@ -188,6 +189,43 @@ def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List
     return written
 
 
+def write_decode_lanes_calibration(variants_path: Path, out: Path = CALIBRATION) -> List[str]:
+    """decode_rates.json's `<key>_lanes_gain` and `<key>_lanes_slowdown` per library: for each
+    lane count N of benchmarks/decode.py's `lanes-N` rows (decode_variants.json), the decoder's
+    photos/s beside training and the towers' slowdown over one lane's (`lanes-1`), all of one
+    run, so that a rate measured with one lane carries over (footprint.gpu_decode_rate). A
+    library without a lanes-1 row keeps what it had. Returns the libraries written."""
+    import re
+
+    from ..data.footprint import GPU_DECODER_KEYS
+    data = json.loads(Path(variants_path).read_text())
+    trainers = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}
+    rates = json.loads((out / "decode_rates.json").read_text())
+    written = []
+    for library, key in GPU_DECODER_KEYS.items():
+        rows = {int(m.group(1)): r for r in data["rows"]
+                if (m := re.fullmatch(r"lanes-(\d+)", str(r.get("variant")))) and r.get("shards") == "photos"
+                and r.get("beside_training") and r.get("gpu_jpeg_library") == library
+                and r.get("backend") == trainers[library] and r.get("images_per_s")}
+        one = rows.get(1)
+        if one is None or len(rows) < 2:
+            continue
+        more = sorted(n for n in rows if n > 1)
+        rates[f"{key}_lanes_gain"] = {str(n): round(rows[n]["images_per_s"] / one["images_per_s"], 3) for n in more}
+        rates[f"{key}_lanes_slowdown"] = {
+            str(n): round(max(1.0, (rows[n].get("towers_slowdown") or 1) / (one.get("towers_slowdown") or 1)), 3)
+            for n in more}
+        rates[f"{key}_lanes_source"] = (
+            f"docs/benchmarks/{Path(variants_path).name}, commit {one.get('commit')}, {one.get('device')}: "
+            f"the {library} decoder with 1, {', '.join(map(str, more))} lanes (threads, each with a piece decoder "
+            f"of its own) beside a {one.get('towers_model')} tower on the same GPU, photos shards: "
+            + "; ".join(f"{n} lane{'s' * (n > 1)} {rows[n]['images_per_s']:,.0f}/s, towers "
+                        f"x{rows[n].get('towers_slowdown') or 1:.3f}" for n in sorted(rows)))
+        written.append(library)
+    _write_json(out / "decode_rates.json", rates)
+    return written
+
+
 def print_check(path) -> None:
     print("| configuration | allocator | B | measured allocated | predicted | error | device in use | "
           "predicted total | error |")
@@ -213,7 +251,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(CALIBRATION), help=argparse.SUPPRESS)
     p.add_argument("--decode", default=None, metavar="FILE",
                    help="write the GPU decoder's rates of decode.json (benchmarks/decode.py) instead")
+    p.add_argument("--decode-lanes", default=None, metavar="FILE",
+                   help="write the GPU decoder's rates with several lanes, from the lanes-N rows of "
+                        "decode_variants.json (benchmarks/decode.py), instead")
     args = p.parse_args(argv)
+    if args.decode_lanes:
+        written = write_decode_lanes_calibration(Path(args.decode_lanes), Path(args.out))
+        print(f"lane gains of {', '.join(written) or 'no library'} from {args.decode_lanes} into "
+              f"{args.out}/decode_rates.json")
+        return 0 if written else 2
     if args.decode:
         written = write_decode_calibration(Path(args.decode), Path(args.out))
         print(f"decode rates of {', '.join(written) or 'no library'} from {args.decode} into {args.out}/decode_rates.json")

@@ -344,7 +344,7 @@ def _with_decoder(plan: Plan, name: str) -> Optional[Decoding]:
     would), or None where that is not a decoder for this recipe."""
     recipe = recipe_with(plan.recipe, "data", decoder=name)
     if name == "hybrid":
-        recipe = recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(recipe.data.decode_workers))
+        recipe = recipe_with(recipe, "data", gpu_decode_share=hybrid_gpu_share(recipe.data))
     return decoding(recipe, plan.local_batch, plan.time, plan.decoding.overlap.shape.kept, plan.model.image_size)
 
 

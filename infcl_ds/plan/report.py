@@ -103,7 +103,9 @@ def _decoding_lines(plan: Plan) -> str:
         sources.append(f"the training process at the measured {d.per_worker:,.0f} (no decode processes: nothing "
                        "decoded ahead)")
     if d.device_rate:
-        sources.append(f"the GPU's decoder at the measured {d.device_rate:,.0f}")
+        lanes = plan.recipe.data.gpu_decode_lanes
+        sources.append(f"the GPU's decoder{f' ({lanes} lanes)' if lanes > 1 else ''} at the measured "
+                       f"{d.device_rate:,.0f}")
     text = (f"\n  decoding: {d.decodes:,} rows a step ({twice}), {d.needed:,.0f}/s to keep up with the compute; "
             f"{d.available:,.0f}/s from {' and '.join(sources)}")
     if not d.binds:

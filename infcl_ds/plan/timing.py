@@ -284,10 +284,10 @@ def beside_gpu_decoder(data, local: int, encode: float, reencode: float, source:
     by its measured slowdown (gpu_decode_towers_slowdown) over the share of the towers' time it
     is busy decoding its rows once (at least: rows not kept between the passes decode twice)."""
     share = gpu_decode_share(data)
-    slowdown = gpu_decode_towers_slowdown(data.gpu_jpeg_library) if share > 0 else 1.0
+    slowdown = gpu_decode_towers_slowdown(data.gpu_jpeg_library, data.gpu_decode_lanes) if share > 0 else 1.0
     if slowdown == 1.0 or encode + reencode <= 0:
         return encode, reencode, source
-    busy = min(1.0, share * local / gpu_decode_rate(data.gpu_jpeg_library) / (encode + reencode))
+    busy = min(1.0, share * local / gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes) / (encode + reencode))
     factor = 1 + (slowdown - 1) * busy
     return (encode * factor, reencode * factor,
             source + f"; x{factor:.3f} beside the GPU decoder (x{slowdown} while it decodes, {busy:.0%} of the time)")
@@ -445,8 +445,8 @@ def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 
         else:  # the training process decodes a chunk when the engine asks for it: nothing ahead
             decoders.append(Decoder(per_worker, 0, 1 - share))
     if share > 0:
-        decoders.append(Decoder(gpu_decode_rate(data.gpu_jpeg_library), device_window_rows(data, local, image_size),
-                                share))
+        decoders.append(Decoder(gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes),
+                                device_window_rows(data, local, image_size), share))
     return decoders
 
 
@@ -460,5 +460,5 @@ def decoding(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size
     pool = has_pool(data) and share < 1
     return Decoding(overlap=overlap(shape, decoders), workers=data.decode_workers if pool else 0,
                     per_worker=rate_per_process(data),
-                    device_rate=gpu_decode_rate(data.gpu_jpeg_library) if share > 0 else 0.0,
+                    device_rate=gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes) if share > 0 else 0.0,
                     window_rows=decoders[0].window if pool else 0)

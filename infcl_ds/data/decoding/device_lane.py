@@ -1,6 +1,7 @@
-"""The GPU decoder's lane: one thread that decodes the device's rows of the announced chunks
-ahead of the engine (data.decoder nvjpeg, and the GPU's share of hybrid), as the decode pool
-does for the CPU's rows.
+"""The GPU decoder's lane: threads that decode the device's rows of the announced chunks ahead
+of the engine (data.decoder nvjpeg, and the GPU's share of hybrid), as the decode pool does for
+the CPU's rows. One thread by default; data.gpu_decode_lanes more, each with a piece decoder of
+its own, since beside training each library call waits on the busy GPU and such waits overlap.
 
 Decoding on the GPU still costs the host: torchvision parses every JPEG's header and drives
 nvJPEG, and the piece's crops are drawn on the CPU (crop_draws.py). Done when the engine asks for a
@@ -15,7 +16,7 @@ decodes the next local batch's first rows during a step's grad pass, as the pool
 announced pieces wait in a DecodeQueue, as the pool's do (decode_queue.py).
 """
 import threading
-from typing import Callable, Optional
+from typing import Callable, List, Sequence, Union
 
 import torch
 
@@ -38,12 +39,14 @@ def handed_over(result):
 class DeviceLane:
     """The worker behind a DecodeQueue of at most `window_rows` decoded rows (`queue`: where
     pieces are announced and forgotten): decodes its pieces with `decode(request) -> (piece,
-    event)` on a thread of its own."""
+    event)` on a thread of its own, or with each of a list of such functions on a thread each
+    (the next announced piece to whichever is free; the consumer takes them in order)."""
 
-    def __init__(self, decode: Callable, device: torch.device, window_rows: int):
-        self._decode, self._device = decode, device
+    def __init__(self, decode: Union[Callable, Sequence[Callable]], device: torch.device, window_rows: int):
+        self._decodes = list(decode) if isinstance(decode, (list, tuple)) else [decode]
+        self._device = device
         self.queue = DecodeQueue("GPU decoder's lane", window_rows=window_rows, start=self._start)
-        self._thread: Optional[threading.Thread] = None
+        self._threads: List[threading.Thread] = []
 
     def take(self, batch_id: int, lo: int, hi: int):
         """The queue's piece [lo, hi) of the batch, handed over to the current stream
@@ -53,25 +56,30 @@ class DeviceLane:
 
     def close(self, why: str = "was closed") -> None:
         self.queue.close(why)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(DECODE_TIMEOUT_S)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(DECODE_TIMEOUT_S)
 
     def _start(self) -> None:  # the queue calls it once
-        self._thread = NamedThread(target=self._run, daemon=True, name="infcl-ds-device-decode", os_name="gpu-decode")
-        self._thread.start()
+        for k, decode in enumerate(self._decodes):
+            suffix = f"-{k}" if len(self._decodes) > 1 else ""
+            self._threads.append(NamedThread(target=self._run, args=(decode,), daemon=True,
+                                             name=f"infcl-ds-device-decode{suffix}", os_name=f"gpu-decode{suffix}"))
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _run(self, decode: Callable) -> None:
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
         while (got := self.queue.next_piece(wait=True)) is not None:
-            self._decode_one(*got)
+            self._decode_one(decode, *got)
             del got  # nothing of the piece held while waiting for the next one
 
-    def _decode_one(self, piece, request) -> None:
+    def _decode_one(self, decode: Callable, piece, request) -> None:
         """One piece decoded and handed to the queue; its pixels then held by the queue alone
         (the consumer's last take frees them)."""
         try:
-            result = self._decode(request)
+            result = decode(request)
         except Exception as err:  # noqa: BLE001 - raised in the consumer that takes this piece
             self.queue.failed(piece, err)
         else:

@@ -89,6 +89,7 @@ class ChunkDecoder:
       no processes;
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
       on `device`: both decode each chunk at once, each at its own rate.
+    The GPU decodes on `gpu_lanes` threads, each with a piece decoder (a stream) of its own.
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
     and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py); the GPU
     decoder's lane holds up to `lane_window_rows` on the device (device_lane.py).
@@ -98,19 +99,20 @@ class ChunkDecoder:
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
                  image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None,
-                 gpu_jpeg_library: str = "torchvision", lane_window_rows: int = 0):
+                 gpu_jpeg_library: str = "torchvision", lane_window_rows: int = 0, gpu_lanes: int = 1):
         if decoder not in DECODERS:
             raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
         # The processes' decoder, and the calling process's for a chunk nobody announced.
         self.pieces = DevicePieces(transform, seed) if decoder == "torchvision" else DecodePieces(transform, seed)
         self.gpu, self.gpu_share, self.lane = None, 0.0, None
         if decoder in ("nvjpeg", "hybrid"):
-            self.gpu = BatchedDevicePieces(transform, seed, device, gpu_jpeg_library)
+            lanes = [BatchedDevicePieces(transform, seed, device, gpu_jpeg_library) for _ in range(gpu_lanes)]
+            self.gpu = lanes[0]  # also decodes what nobody announced, on the caller's thread
             self.gpu_share = 1.0 if decoder == "nvjpeg" else gpu_share
             if not isinstance(self.gpu_share, (int, float)) or not 0 <= self.gpu_share <= 1:
                 raise DataError(f"data.gpu_decode_share must be a number from 0 to 1 for data.decoder=hybrid, "
                                 f"got {shown(gpu_share)}")
-            self.lane = DeviceLane(self.gpu.decode, self.gpu.device, lane_window_rows)
+            self.lane = DeviceLane([pieces.decode for pieces in lanes], self.gpu.device, lane_window_rows)
         self.pool = None
         if workers > 0 and self.gpu_share < 1:
             if image_size is None:
