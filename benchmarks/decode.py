@@ -282,15 +282,12 @@ def decode_in_order(pieces, blobs: List[bytes], rows0: List[int], wait, piece: i
 def decode_all(decoders, blobs: List[bytes], clock: Optional[PhaseClock] = None, piece: int = PIECE) -> float:
     """Every `piece` images of `blobs` decoded and cropped by `decoders` (one piece decoder, or a list:
     each on a thread of its own with every len(decoders)-th piece, as lanes decoding side by
-    side). `clock`: the parts timed. The decoding threads' CPU seconds."""
+    side; one alone on a thread of its own too, as the trainer's lane: the main thread's work
+    would draw in torch's worker threads). `clock`: the parts timed. The decoding threads' CPU seconds."""
     decoders = decoders if isinstance(decoders, list) else [decoders]
     wait = (lambda event: event.synchronize()) if clock is None else clock.timed("waiting for the GPU",
                                                                                  lambda event: event.synchronize())
     rows0 = list(range(0, len(blobs), piece))
-    if len(decoders) == 1:
-        mine = time.thread_time()
-        decode_in_order(decoders[0], blobs, rows0, wait, piece)
-        return time.thread_time() - mine
     cpu, errors = [], []
 
     def lane(k: int) -> None:

@@ -12,6 +12,7 @@
 #                                                   #  lanes-1/2/8, -sleep, -piece256, -compiled: the table below)
 #   bash launch/bench_decode.sh b16-8cores          # ViT-B-16 32k on one GPU held to 8 cores (~5 min)
 #   bash launch/bench_decode.sh l14-4cores          # ViT-L-14 16k on one GPU held to 4 cores (~6 min)
+#   bash launch/bench_decode.sh b16-8cores-tv4      # b16-8cores through torchvision, 4 lanes (-tv1: one)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
@@ -34,7 +35,7 @@
 # under $SHARDS and 8,192 photos of ~100 KB under $LARGE, made once per host.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ $# -gt 0 ] || { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
@@ -54,11 +55,13 @@ on_gpu() {  # COMMAND on $GPU, held to its share of the cores
   CUDA_VISIBLE_DEVICES=$gpu taskset -c "$first_core-$((first_core + cores_per_gpu - 1))" "$@"
 }
 one_gpu_steps() {  # $GPU held to CORES cores: synthetic and JPEG steps of MODEL at BATCH, auto decoder
-  local cores=$1 model=$2 batch=$3 part=$4
+  local cores=$1 model=$2 batch=$3 part=$4; shift 4  # then: recipe overrides (KEY=VALUE)
+  local sets=(--set data.gpu_jpeg_library=nvimgcodec) kv
+  for kv in "$@"; do sets+=(--set "$kv"); done
   CUDA_VISIBLE_DEVICES=$gpu taskset -c "$first_core-$((first_core + cores - 1))" python3 -m infcl_ds.cli bench train --world 1 \
     --model "$model" --batch "$batch" --chunk auto --compile --steps 2 --data synthetic,jpeg \
     --shards "$shards/listed/shard-{00000..00095}.tar" --decoder auto --decode-workers auto \
-    --set data.gpu_jpeg_library=nvimgcodec --append --out "$out/decode_steps-$part.json"
+    "${sets[@]}" --append --out "$out/decode_steps-$part.json"
 }
 start_side_by_side() {  # PART@GPU... each in a process session of its own
   make_shards
@@ -116,6 +119,10 @@ while [ $# -gt 0 ]; do
               on_gpu python3 -m benchmarks.decode --shards "photos=$shards,large=$large" ${variant[$part]} \
                 --out "$out/decode_${part#decoders-}.json" ;;
     b16-8cores) make_shards; one_gpu_steps 8 ViT-B-16 32k "$part" ;;
+    # the same with torchvision's binding on 1 and 4 lanes (nvImageCodec's calls do not overlap)
+    b16-8cores-tv1) make_shards; one_gpu_steps 8 ViT-B-16 32k "$part" data.gpu_jpeg_library=torchvision ;;
+    b16-8cores-tv4) make_shards
+                    one_gpu_steps 8 ViT-B-16 32k "$part" data.gpu_jpeg_library=torchvision data.gpu_decode_lanes=4 ;;
     l14-4cores) make_shards; one_gpu_steps 4 ViT-L-14 16k "$part" ;;
     zeroshot) on_gpu python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
                 --gpu-jpeg-library nvimgcodec --out "$out/decoder_zeroshot.json" ;;

@@ -188,8 +188,9 @@ class DataSection(Section):
     gpu_jpeg_library: Literal["torchvision", "nvimgcodec"] = "torchvision"
     # encoded, nvjpeg and hybrid: threads decoding on the GPU, each with a CUDA stream (and an
     # nvImageCodec decoder) of its own. Beside training a library call waits on the busy GPU and
-    # several calls overlap: with torchvision 4 lanes decode about 2.5x one lane's photos/s and
-    # slow the towers more; nvImageCodec's calls do not overlap (docs/benchmarks/decode_variants.json).
+    # several calls overlap: with torchvision 4 lanes decoded 2.5x one lane's 30 KB photos/s
+    # (1.2x for ~85 KB ones) and slowed the towers more, each lane a core busy; nvImageCodec's
+    # calls do not overlap (docs/benchmarks/decode_variants.json).
     # The planner takes each count's measured rate (calibration/decode_rates.json).
     gpu_decode_lanes: Count(1, MAX_GPU_DECODE_LANES) = 1
     # encoded, hybrid: the GPU's share of each chunk's rows. auto: in proportion to the measured

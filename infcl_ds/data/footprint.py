@@ -56,10 +56,16 @@ def _lanes_measured(table: dict, lanes: int) -> Optional[float]:
 def gpu_decode_rate(library: str = "torchvision", lanes: int = 1) -> float:
     """Decodes per second of one GPU's decoder through `library` (data.gpu_jpeg_library) with
     `lanes` decoding threads (data.gpu_decode_lanes): one lane's measured rate times the measured
-    rate of that many lanes over one lane's, both from one run (`<key>_lanes_gain`)."""
+    rate of that many lanes over one lane's, both from one run (`<key>_lanes_gain`, at least 1),
+    and at most what that many lanes decoded (`<key>_lanes_per_gpu`): one lane's rate varies
+    between runs, and a gain from a slow run's one lane must not lift a fast run's past it."""
     key = GPU_DECODER_KEYS[library]
+    one = float(_DECODE_RATES[f"{key}_per_gpu"])
     gain = _lanes_measured(_DECODE_RATES.get(f"{key}_lanes_gain", {}), lanes) if lanes > 1 else None
-    return float(_DECODE_RATES[f"{key}_per_gpu"]) * (gain or 1.0)
+    if gain is None:
+        return one
+    measured = _lanes_measured(_DECODE_RATES.get(f"{key}_lanes_per_gpu", {}), lanes)
+    return max(one, min(one * gain, measured if measured is not None else one * gain))
 
 
 def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> float:

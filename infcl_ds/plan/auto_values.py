@@ -143,13 +143,15 @@ def busy_besides_decoding(data: DataSection) -> List[Tuple[int, str]]:
     run: the training process (it drives the GPU and assembles the next batch), the data.workers
     readers together one core (each step they read a local batch's stored bytes and tokenize its
     captions: tens of microseconds a sample, against milliseconds to decode it) and, for
-    data.decoder=hybrid, the GPU decoder's lane thread (it drives nvJPEG). Decode processes
+    data.decoder=hybrid, the GPU decoder's lane threads (each drives nvJPEG: a core each, its
+    calls wait busily beside training, docs/benchmarks/decode_variants.json). Decode processes
     beyond the cores these leave would only take turns with them and with each other."""
     busy = [(1, "the training process")]
     if data.workers:
         busy.append((1, f"{data.workers} reader{'s' if data.workers > 1 else ''} (one core)"))
     if data.decoder == "hybrid":
-        busy.append((1, "the GPU decoder's lane thread"))
+        lanes = data.gpu_decode_lanes
+        busy.append((lanes, f"the GPU decoder's {f'{lanes} lane threads' if lanes > 1 else 'lane thread'}"))
     return busy
 
 

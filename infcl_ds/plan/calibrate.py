@@ -211,14 +211,18 @@ def write_decode_lanes_calibration(variants_path: Path, out: Path = CALIBRATION)
         if one is None or len(rows) < 2:
             continue
         more = sorted(n for n in rows if n > 1)
-        rates[f"{key}_lanes_gain"] = {str(n): round(rows[n]["images_per_s"] / one["images_per_s"], 3) for n in more}
+        # a gain below 1 is planned as 1: the lanes beyond the first then wait their turn
+        rates[f"{key}_lanes_gain"] = {str(n): round(max(1.0, rows[n]["images_per_s"] / one["images_per_s"]), 3)
+                                      for n in more}
+        rates[f"{key}_lanes_per_gpu"] = {str(n): round(rows[n]["images_per_s"], 1) for n in more}
         rates[f"{key}_lanes_slowdown"] = {
             str(n): round(max(1.0, (rows[n].get("towers_slowdown") or 1) / (one.get("towers_slowdown") or 1)), 3)
             for n in more}
         rates[f"{key}_lanes_source"] = (
             f"docs/benchmarks/{Path(variants_path).name}, commit {one.get('commit')}, {one.get('device')}: "
             f"the {library} decoder with 1, {', '.join(map(str, more))} lanes (threads, each with a piece decoder "
-            f"of its own) beside a {one.get('towers_model')} tower on the same GPU, photos shards: "
+            f"of its own) beside a {one.get('towers_model')} tower on the same GPU, photos shards "
+            f"({one.get('bytes_per_image') or 0:,.0f} B a JPEG; larger photos gain less): "
             + "; ".join(f"{n} lane{'s' * (n > 1)} {rows[n]['images_per_s']:,.0f}/s, towers "
                         f"x{rows[n].get('towers_slowdown') or 1:.3f}" for n in sorted(rows)))
         written.append(library)

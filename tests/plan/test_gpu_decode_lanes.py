@@ -21,6 +21,7 @@ def data_section(**data):
 def rates(monkeypatch):
     for key, value in {"nvjpeg_per_gpu": 1000.0, "nvjpeg_towers_slowdown": 1.1,
                        "nvjpeg_lanes_gain": {"2": 1.5, "4": 2.5}, "nvjpeg_lanes_slowdown": {"2": 1.2, "4": 1.3},
+                       "nvjpeg_lanes_per_gpu": {"2": 1600.0, "4": 3000.0},
                        "pil_per_process": 100.0}.items():
         monkeypatch.setitem(footprint._DECODE_RATES, key, value)
     monkeypatch.setitem(footprint.DECODE_RATES_PER_WORKER, "pil", 100.0)
@@ -33,6 +34,16 @@ def test_a_lane_count_takes_the_largest_measured_count_up_to_it(rates):
     assert footprint.gpu_decode_rate("torchvision", 16) == 2500.0
     assert footprint.gpu_decode_towers_slowdown("torchvision", 4) == pytest.approx(1.1 * 1.3)
     assert footprint.gpu_decode_towers_slowdown("torchvision", 1) == 1.1
+
+
+def test_a_gain_never_lifts_the_rate_past_what_that_many_lanes_decoded(rates, monkeypatch):
+    # one lane's rate from a faster run than the lanes' own: 2 lanes measured 1,600/s
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvjpeg_per_gpu", 1200.0)
+    assert footprint.gpu_decode_rate("torchvision", 2) == 1600.0  # not 1,800
+    assert footprint.gpu_decode_rate("torchvision", 4) == 3000.0
+    # nor takes it below one lane's
+    monkeypatch.setitem(footprint._DECODE_RATES, "nvjpeg_per_gpu", 2000.0)
+    assert footprint.gpu_decode_rate("torchvision", 2) == 2000.0
 
 
 def test_without_measured_lanes_more_lanes_are_planned_as_one(rates, monkeypatch):
@@ -74,11 +85,12 @@ def test_calibrate_writes_each_counts_ratios_to_one_lane_of_the_same_run(tmp_pat
     out = tmp_path / "calibration"
     shutil.copytree(calibrate.CALIBRATION, out)
     before = json.loads((out / "decode_rates.json").read_text())
-    path = variants_json(tmp_path, {1: (3000.0, 1.05), 2: (4500.0, 1.26), 4: (7500.0, 0.9)})
+    path = variants_json(tmp_path, {1: (3000.0, 1.05), 2: (4500.0, 1.26), 4: (7500.0, 0.9), 8: (2000.0, 1.5)})
     assert calibrate.main(["--decode-lanes", str(path), "--out", str(out)]) == 0
     after = json.loads((out / "decode_rates.json").read_text())
-    assert after["nvjpeg_lanes_gain"] == {"2": 1.5, "4": 2.5}
-    assert after["nvjpeg_lanes_slowdown"] == {"2": 1.2, "4": 1.0}  # a lane count never speeds the towers up
+    assert after["nvjpeg_lanes_gain"] == {"2": 1.5, "4": 2.5, "8": 1.0}  # slower than one lane: planned as one
+    assert after["nvjpeg_lanes_per_gpu"] == {"2": 4500.0, "4": 7500.0, "8": 2000.0}
+    assert after["nvjpeg_lanes_slowdown"] == {"2": 1.2, "4": 1.0, "8": pytest.approx(1.429, abs=1e-3)}
     assert "commit abc" in after["nvjpeg_lanes_source"] and "4 lanes 7,500/s" in after["nvjpeg_lanes_source"]
     assert {k: v for k, v in after.items() if not k.startswith("nvjpeg_lanes")} == \
         {k: v for k, v in before.items() if not k.startswith("nvjpeg_lanes")}

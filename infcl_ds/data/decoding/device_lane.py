@@ -16,6 +16,7 @@ decodes the next local batch's first rows during a step's grad pass, as the pool
 announced pieces wait in a DecodeQueue, as the pool's do (decode_queue.py).
 """
 import threading
+import time
 from typing import Callable, List, Sequence, Union
 
 import torch
@@ -56,9 +57,10 @@ class DeviceLane:
 
     def close(self, why: str = "was closed") -> None:
         self.queue.close(why)
+        deadline = time.monotonic() + DECODE_TIMEOUT_S  # one wait for all the lanes, not one each
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join(DECODE_TIMEOUT_S)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _start(self) -> None:  # the queue calls it once
         for k, decode in enumerate(self._decodes):
