@@ -29,6 +29,7 @@ from ..validation import NonFiniteFeaturesError
 from . import divergence
 from .build import build_engine
 from .distributed import collective_timeout_s, init_distributed
+from .heartbeat import StepHeartbeat
 from .host_threads import limit_host_threads
 from .launcher_watch import LauncherWatch, agreed_stop
 from .metrics import MetricsLogger, PoolRate, peak_memory_gib
@@ -212,6 +213,8 @@ class Trainer:
         results, start = {}, self.step
         pool = PoolRate(self.data.decoder)
         self.engine.phases.events = True  # each phase's time in metrics.csv, without synchronising
+        # a line a minute on rank 0 while a step runs longer; its thread ends with the process
+        heartbeat = StepHeartbeat() if self.rank == 0 else None
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
             if agreed_stop(self.watch, self.device, self.world):  # the job's launcher is gone
@@ -221,10 +224,15 @@ class Trainer:
             batch = next(batches)  # assembled meanwhile by the data thread: a wait here is the readers'
             batch_wait = time.perf_counter() - waited
             lr = deepspeed_engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
+            if heartbeat is not None:
+                heartbeat.begin(self.step + 1, r.schedule.steps, batch)
             try:
                 loss = self.engine.train_step(batch)
             except NonFiniteFeaturesError as err:  # raised on every rank alike (the loss shares its input check)
                 raise divergence.diverged(self.step + 1, err.problem, self.checkpoint_dir) from None
+            finally:
+                if heartbeat is not None:
+                    heartbeat.end()
             divergence.check_step(self.step + 1, loss, deepspeed_engine.get_global_grad_norm(), self.checkpoint_dir)
             # An encoded batch finds its undecodable images during the step (data/decoding/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
@@ -258,6 +266,8 @@ class Trainer:
                 self._save()
         # Ends the data thread and workers now (the batch ahead is not needed), not at exit.
         batches.close()
+        if heartbeat is not None:
+            heartbeat.close()
         self.data.close()
         if self.step > start:  # else the tag it resumed from holds this state already
             self._save()

@@ -260,6 +260,8 @@ class EncodedBatch:
         self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
         self._asked = set()           # chunks requested once already
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
+        self.chunks_taken = 0         # chunk() calls so far, of the announced passes' chunks_announced
+        self.chunks_announced = 0
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
         self._counted = set()
         self.serial = decoder.register(self)
@@ -283,7 +285,9 @@ class EncodedBatch:
         order it will ask for them. The decoders decode them ahead, chunks kept between the
         passes (keep_rows) once; until an order is announced, chunks are decoded in the calling
         process."""
-        self.decoder.announce_passes(self, [list(map(tuple, chunks)) for chunks in passes])
+        passes = [list(map(tuple, chunks)) for chunks in passes]
+        self.chunks_announced = sum(map(len, passes))
+        self.decoder.announce_passes(self, passes)
 
     def decoded(self, lo: int, hi: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rows [lo, hi): (uint8 images [n, 3, H, W], int64 texts), undecodable images (and
@@ -338,6 +342,7 @@ class EncodedBatch:
 
     def chunk(self, lo: int, hi: int, device, dtype=torch.float32):
         """Rows [lo, hi) on `device`: (normalised images in `dtype`, int64 texts)."""
+        self.chunks_taken += 1
         if (lo, hi) in self._kept:  # the second pass over a kept chunk: freed as it is served
             images, texts = self._kept.pop((lo, hi))
         else:

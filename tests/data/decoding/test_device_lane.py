@@ -61,6 +61,8 @@ def test_three_lanes_give_the_pixels_of_one(shard, tokenizer):  # noqa: F811
         for (pixels_1, texts_1), (pixels_3, texts_3) in zip(one, three):
             assert torch.equal(pixels_1, pixels_3) and torch.equal(texts_1, texts_3)
     assert len(passes[3][0]) == -(-SAMPLES // 5)
+    # the counters the trainer's heartbeat reads: every announced chunk taken, in both passes
+    assert batches[3].chunks_announced == batches[3].chunks_taken == 2 * -(-SAMPLES // 5)
     for batch in batches.values():
         batch.decoder.close()
     wait_until(lambda: not any(t.is_alive() for t in lane._threads))
