@@ -213,7 +213,7 @@ class Trainer:
         results, start = {}, self.step
         pool = PoolRate(self.data.decoder)
         self.engine.phases.events = True  # each phase's time in metrics.csv, without synchronising
-        # a line a minute on rank 0 while a step runs longer; its thread ends with the process
+        # a line a minute on rank 0 while a step (with its wait for the batch) runs longer
         heartbeat = StepHeartbeat() if self.rank == 0 else None
         while self.step < r.schedule.steps:
             self.phase = f"after step {self.step}"
@@ -221,11 +221,13 @@ class Trainer:
                 self.watch.exit(self.rank)
             self.phase = f"step {self.step + 1}"
             waited = time.perf_counter()
+            if heartbeat is not None:
+                heartbeat.begin(self.step + 1, r.schedule.steps)
             batch = next(batches)  # assembled meanwhile by the data thread: a wait here is the readers'
             batch_wait = time.perf_counter() - waited
             lr = deepspeed_engine.get_lr()[0]  # the rate this step uses (the scheduler moves on in step())
             if heartbeat is not None:
-                heartbeat.begin(self.step + 1, r.schedule.steps, batch)
+                heartbeat.batch(batch)
             try:
                 loss = self.engine.train_step(batch)
             except NonFiniteFeaturesError as err:  # raised on every rank alike (the loss shares its input check)

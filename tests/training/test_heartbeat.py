@@ -24,14 +24,17 @@ def test_a_long_step_gets_a_line_each_interval_and_an_ended_one_none():
     out = io.StringIO()
     heartbeat = StepHeartbeat(every_s=0.05, out=out)
     batch = Batch()
-    heartbeat.begin(3, 10, batch)
-    wait_for(lambda: out.getvalue().count("\n") >= 3)
+    heartbeat.begin(3, 10)  # waiting for its batch
+    wait_for(lambda: "waiting for its batch" in out.getvalue())
+    heartbeat.batch(batch)
+    wait_for(lambda: "chunks taken" in out.getvalue())
     heartbeat.end()  # a line of its step is printed before it returns, or not at all
     lines = out.getvalue().splitlines()
     time.sleep(0.3)
     assert out.getvalue().splitlines() == lines  # nothing after the step
     assert all(text.startswith("step 3/10: ") for text in lines)
-    assert "37 of 512 chunks taken (all passes), 80.2 s waiting for decoded rows" in lines[0]
+    assert lines[0].endswith("s so far, waiting for its batch (the data readers)")
+    assert lines[-1].endswith(" s so far, 37 of 512 chunks taken (all passes), 80.2 s waiting for decoded rows")
     ref = weakref.ref(batch)
     del batch
     gc.collect()
