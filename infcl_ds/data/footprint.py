@@ -65,7 +65,7 @@ def gpu_decode_rate(library: str = "torchvision", lanes: int = 1) -> float:
     if gain is None:
         return one
     measured = _lanes_measured(_DECODE_RATES.get(f"{key}_lanes_per_gpu", {}), lanes)
-    return max(one, min(one * gain, measured if measured is not None else one * gain))
+    return max(one, one * gain if measured is None else min(one * gain, measured))
 
 
 def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> float:
@@ -77,13 +77,12 @@ def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> 
     return float(_DECODE_RATES.get(f"{key}_towers_slowdown", 1.0)) * (more or 1.0)
 
 
-def hybrid_gpu_share(data: DataSection, workers: Optional[int] = None) -> float:
+def hybrid_gpu_share(data: DataSection) -> float:
     """The GPU's share of each chunk under data.decoder=hybrid: its rate (data.gpu_jpeg_library,
-    data.gpu_decode_lanes) over the rate of the GPU and `workers` PIL processes together
-    (data.decode_workers where not given), so both finish a chunk at once."""
-    workers = data.decode_workers if workers is None else workers
+    data.gpu_decode_lanes) over the rate of the GPU and data.decode_workers PIL processes
+    together, so both finish a chunk at once."""
     gpu = gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes)
-    cpu = workers * DECODE_RATES_PER_WORKER["pil"]
+    cpu = data.decode_workers * DECODE_RATES_PER_WORKER["pil"]
     return gpu / (gpu + cpu)
 
 

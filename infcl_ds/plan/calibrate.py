@@ -159,19 +159,27 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
     return written
 
 
+# benchmarks/decode.py's backend row that is the decoder the trainer builds, per library
+TRAINERS_BACKEND = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}
+
+
+def _trainers_rows(rows: List[dict], library: str) -> List[dict]:
+    """`library`'s rows of the trainer's decoder beside training on the photos shards, timed."""
+    return [r for r in rows if r.get("kind") == "decoder" and r.get("shards") == "photos"
+            and r.get("beside_training") and r.get("gpu_jpeg_library") == library
+            and r.get("backend") == TRAINERS_BACKEND[library] and r.get("images_per_s")]
+
+
 def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List[str]:
     """decode_rates.json's `<key>_per_gpu`, `<key>_towers_slowdown` and `<key>_source` for each
     library with a row of the trainer's decoder beside training on the photos shards in
     `decode_path` (footprint.GPU_DECODER_KEYS); the other entries are kept. Returns the libraries."""
     from ..data.footprint import GPU_DECODER_KEYS
     data = json.loads(Path(decode_path).read_text())
-    trainers = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}  # the backend row the trainer's decoder is
     rates = json.loads((out / "decode_rates.json").read_text())
     written = []
     for library, key in GPU_DECODER_KEYS.items():
-        row = next((r for r in data["rows"] if r.get("kind") == "decoder" and r.get("shards") == "photos"
-                    and r.get("beside_training") and r.get("gpu_jpeg_library") == library
-                    and r.get("backend") == trainers[library] and r.get("images_per_s")), None)
+        row = next(iter(_trainers_rows(data["rows"], library)), None)
         if row is None:
             continue
         rates[f"{key}_per_gpu"] = round(row["images_per_s"], 1)
@@ -199,14 +207,11 @@ def write_decode_lanes_calibration(variants_path: Path, out: Path = CALIBRATION)
 
     from ..data.footprint import GPU_DECODER_KEYS
     data = json.loads(Path(variants_path).read_text())
-    trainers = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}
     rates = json.loads((out / "decode_rates.json").read_text())
     written = []
     for library, key in GPU_DECODER_KEYS.items():
-        rows = {int(m.group(1)): r for r in data["rows"]
-                if (m := re.fullmatch(r"lanes-(\d+)", str(r.get("variant")))) and r.get("shards") == "photos"
-                and r.get("beside_training") and r.get("gpu_jpeg_library") == library
-                and r.get("backend") == trainers[library] and r.get("images_per_s")}
+        rows = {int(m.group(1)): r for r in _trainers_rows(data["rows"], library)
+                if (m := re.fullmatch(r"lanes-(\d+)", str(r.get("variant"))))}
         one = rows.get(1)
         if one is None or len(rows) < 2:
             continue

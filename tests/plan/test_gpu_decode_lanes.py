@@ -59,7 +59,7 @@ def test_the_hybrid_share_follows_the_lanes_rate(rates):
     assert footprint.hybrid_gpu_share(one) == pytest.approx(1000 / 2000)
     assert footprint.hybrid_gpu_share(four) == pytest.approx(2500 / 3500)
     assert footprint.gpu_decode_share(four) == pytest.approx(2500 / 3500)
-    assert footprint.hybrid_gpu_share(four, workers=0) == 1.0
+    assert footprint.hybrid_gpu_share(four.model_copy(update={"decode_workers": 0})) == 1.0
 
 
 @pytest.mark.parametrize("lanes", [0, 17, "two", 1.5])
