@@ -106,6 +106,9 @@ PARTS = {p.name: p for p in (
     # decode, so `auto` is to bring in the GPU's JPEG engines (nvImageCodec, the gpu-decode extra)
     Part("four-gpu-b32-2m", 2048 * 1024, 512, 4, 1, 3, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
+    # the same load per GPU on a two-GPU host: a rank's step as on four, a ring of two
+    Part("two-gpu-b32-1m", 1024 * 1024, 256, 2, 1, 2, model="ViT-B-32",
+         sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
 )}
 
 
@@ -810,6 +813,9 @@ def wait(seconds: float, setup: Setup) -> int:
         for path in (setup.out, setup.out.with_suffix(".png"), log):
             if path.is_file():
                 shutil.copy(path, os.environ["OUT"])
+        # each run's own log, the heartbeat's lines of a step still running included
+        for run_log in sorted(setup.work.glob("*/launch.log")) + sorted(setup.work.glob("*/resume.log")):
+            shutil.copy(run_log, Path(os.environ["OUT"]) / f"{run_log.parent.name}-{run_log.name}")
     if alive(pid):
         print(f"still running (pid {pid})")
         return 3

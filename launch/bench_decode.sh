@@ -16,6 +16,7 @@
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
+#   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
 # The one-GPU parts at once, each on a GPU of its own (PART@GPU, or PART+PART@GPU one after
 # another) and that GPU's share of the cores
@@ -127,6 +128,7 @@ while [ $# -gt 0 ]; do
     zeroshot) on_gpu python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
                 --gpu-jpeg-library nvimgcodec --out "$out/decoder_zeroshot.json" ;;
     b32-2m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m ;;
+    b32-1m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start two-gpu-b32-1m ;;
     steps) steps_from=$(printf '%s,' "$out"/decode_steps-*.json)
            python3 -m benchmarks.decode --steps-from "$steps_from$scale_out" --out "$out/decode.json" ;;
     calibrate) python3 -m infcl_ds.plan.calibrate --decode "$work/rows/decode.json" ;;
