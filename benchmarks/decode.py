@@ -445,12 +445,19 @@ STEP_KEYS = ("model", "B", "world", "cores", "samples_per_s", "decode_wait_share
              "device", "commit", "command")
 
 
+def last_set(sets, key: str, default=None):
+    """The value the last `KEY=VALUE` of `sets` gives `key` (the one a recipe ends with), else `default`."""
+    values = [s.split("=", 1)[1] for s in sets if s.startswith(key + "=")]
+    return values[-1] if values else default
+
+
 def step_rows(train_rows: List[dict], scale_rows: List[dict]) -> List[dict]:
     """Step rows: bench train's JPEG rows, each against the synthetic row of the same model,
-    batch, ranks, cores, card and commit (`vs_synthetic`), and the scale rows of parts that set
-    a decoder (their plan's `auto:` line says what it chose)."""
+    batch, ranks, cores, card, commit and settings (`vs_synthetic`), and the scale rows of parts that set
+    a decoder (their plan's `auto:` line says what it chose). Rows of one run share their --set."""
     def run_key(r):
-        return r.get("model"), r.get("B"), r.get("world"), r.get("cores"), r.get("device"), r.get("commit")
+        return (r.get("model"), r.get("B"), r.get("world"), r.get("cores"), r.get("device"), r.get("commit"),
+                tuple(r.get("set", ())))
     synthetic = {run_key(r): r for r in train_rows
                  if r.get("data") == "synthetic" and r.get("impl") == "infcl_ds" and r.get("status") == "measured"}
     out = []
@@ -459,17 +466,19 @@ def step_rows(train_rows: List[dict], scale_rows: List[dict]) -> List[dict]:
             continue
         base = synthetic.get(run_key(r))
         out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS}, "decoder_resolved": r.get("decoder_resolved"),
+                    "gpu_decode_lanes": int(last_set(r.get("set", ()), "data.gpu_decode_lanes", 1)),
                     "auto_line": r.get("auto_line"), "step_s": r.get("step_s"),
                     "synthetic_samples_per_s": base["samples_per_s"] if base else None,
                     "vs_synthetic": r["samples_per_s"] / base["samples_per_s"] if base else None})
     for r in scale_rows:
-        if "samples_per_s" not in r or not any(s.startswith("data.decoder=") for s in r.get("part_sets", ())):
+        sets = [*r.get("part_sets", ()), *r.get("set", ())]  # the invocation's --set after the part's own
+        if "samples_per_s" not in r or last_set(sets, "data.decoder") is None:
             continue
         line = next((said for said in r.get("planner_said", ()) if said.startswith("auto:")), "")
         chosen = re.search(r"data\.decoder=(\w+)", line)
-        library = next((s.split("=", 1)[1] for s in r["part_sets"] if s.startswith("data.gpu_jpeg_library=")), None)
-        out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS}, "gpu_jpeg_library": library,
-                    "decoder": next(s.split("=", 1)[1] for s in r["part_sets"] if s.startswith("data.decoder=")),
+        out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS},
+                    "gpu_jpeg_library": last_set(sets, "data.gpu_jpeg_library"), "decoder": last_set(sets, "data.decoder"),
+                    "gpu_decode_lanes": int(last_set(sets, "data.gpu_decode_lanes", 1)),
                     "decoder_resolved": chosen.group(1) if chosen else None, "auto_line": line, "step_s": r["step_s"],
                     "part": r["part"], "synthetic_samples_per_s": None, "vs_synthetic": None})
     return out

@@ -94,8 +94,10 @@ def plot_decode(json_path: Path, png_path: Path) -> None:
     beside_rows = {(r["shards"], r["gpu_jpeg_library"], r["backend"]): r for r in rows if r["beside_training"]}
     axes[2].bar(list(x), [(beside_rows.get(k) or {}).get("towers_slowdown") or 0 for k in keys], 0.6)
     axes[2].axhline(1.0, color="gray", ls=":")
-    labels = [f"{r['model']} {r['B']:,} x{r['world']}, {r['cores']} cores: {r['decoder']} -> {r['decoder_resolved']}"
-              for r in steps]
+    def lanes(r):
+        return f", {r['gpu_decode_lanes']} lanes" if (r.get("gpu_decode_lanes") or 1) > 1 else ""
+    labels = [f"{r['model']} {r['B'] // 1024}k x{r['world']}, {r['cores']} cores\n"
+              f"{r.get('gpu_jpeg_library')}{lanes(r)}: {r['decoder_resolved']} ({r['commit'][:7]})" for r in steps]
     axes[3].bar(range(len(steps)), [r["vs_synthetic"] for r in steps], 0.6)
     axes[3].axhline(0.98, color="red", ls=":", lw=1, label="0.98")
     axes[3].set_ylim(0.5, 1.05)

@@ -106,7 +106,7 @@ def test_zeroshot_runs_name_the_gpu_decoders_library_and_only_theirs(monkeypatch
 
 def test_step_rows_pair_each_jpeg_step_with_the_synthetic_rate_of_its_own_run(tmp_path):
     """--steps-from: a JPEG row over the synthetic row of the same model, batch, cores, card and
-    commit; a row of another run gets no ratio; a scale part that sets a decoder says what the
+    commit and settings; a row of another run gets no ratio; a scale part that sets a decoder says what the
     plan chose. The decoder rows already in decode.json stay."""
     from benchmarks.decode import main
     run = {"impl": "infcl_ds", "status": "measured", "model": "ViT-B-16", "B": 32768, "world": 1, "cores": 8,
@@ -114,11 +114,16 @@ def test_step_rows_pair_each_jpeg_step_with_the_synthetic_rate_of_its_own_run(tm
     train = [{**run, "data": "synthetic", "samples_per_s": 2000.0},
              {**run, "data": "jpeg", "samples_per_s": 1980.0, "decode_wait_share": 0.01, "decoder": "auto",
               "decoder_resolved": "hybrid", "gpu_jpeg_library": "nvimgcodec", "auto_line": "auto: data.decoder=hybrid"},
-             {**run, "commit": "b", "data": "jpeg", "samples_per_s": 1500.0, "decode_wait_share": 0.2, "decoder": "pil"}]
+             {**run, "data": "jpeg", "samples_per_s": 1500.0, "decode_wait_share": 0.2, "decoder": "pil",
+              "set": ["data.gpu_decode_lanes=2", "data.gpu_decode_lanes=4"]}]  # another run: its own settings
     scale = [{"part": "four-gpu-b32-2m", "model": "ViT-B-32", "B": 2097152, "world": 4, "samples_per_s": 30000.0,
               "decode_wait_share": 0.03, "step_s": 70.0, "device": "H100", "commit": "a",
               "part_sets": ["data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec"],
               "planner_said": ["auto: data.decoder=hybrid (14 PIL processes decode ...); batch.chunk=256", "fits"]},
+             {"part": "two-gpu-b32-1m", "model": "ViT-B-32", "B": 1048576, "world": 2, "samples_per_s": 7000.0,
+              "step_s": 150.0, "decode_wait_share": 0.17, "device": "H200", "commit": "a",
+              "part_sets": ["data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec"],
+              "set": ["data.gpu_jpeg_library=torchvision", "data.gpu_decode_lanes=4"]},
              {"part": "four-gpu-128k", "model": "ViT-B-16", "samples_per_s": 8000.0, "part_sets": []}]
     for name, rows in (("train.json", train), ("scale.json", scale)):
         (tmp_path / name).write_text(json.dumps({"meta": {}, "rows": rows}))
@@ -128,20 +133,22 @@ def test_step_rows_pair_each_jpeg_step_with_the_synthetic_rate_of_its_own_run(tm
     rows = main(["--steps-from", f"{tmp_path / 'train.json'},{tmp_path / 'scale.json'}", "--out", str(out)])
     assert rows == json.loads(out.read_text())["rows"]
     decoder, *steps = rows
-    assert decoder == {"kind": "decoder", "images_per_s": 1.0} and len(steps) == 3
-    paired, other, b32 = steps
+    assert decoder == {"kind": "decoder", "images_per_s": 1.0} and len(steps) == 4
+    paired, other, b32, lanes = steps
     assert paired["vs_synthetic"] == pytest.approx(0.99) and paired["decoder_resolved"] == "hybrid"
     assert paired["cores"] == 8 and paired["gpu_jpeg_library"] == "nvimgcodec"
-    assert other["vs_synthetic"] is None
+    assert other["vs_synthetic"] is None and other["gpu_decode_lanes"] == 4 and paired["gpu_decode_lanes"] == 1
     assert b32["decoder"] == "auto" and b32["decoder_resolved"] == "hybrid" and b32["world"] == 4
     assert b32["gpu_jpeg_library"] == "nvimgcodec" and b32["decode_wait_share"] == 0.03
+    # the invocation's --set comes after the part's own, as in the recipe it ran
+    assert lanes["gpu_jpeg_library"] == "torchvision" and lanes["gpu_decode_lanes"] == 4
 
 
 def test_the_gpu_plan_script_lists_its_parts_without_running_any():
     done = subprocess.run(["bash", str(ROOT / "launch" / "bench_decode.sh")], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
-    for part in ("decoders", "b16-8cores", "l14-4cores", "zeroshot", "b32-2m", "steps"):
+    for part in ("decoders", "b16-8cores", "l14-4cores", "zeroshot", "b32-2m", "b32-1m", "steps"):
         assert f"bench_decode.sh {part}" in done.stderr, done.stderr
 
 
