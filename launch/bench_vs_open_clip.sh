@@ -6,6 +6,8 @@
 #   bash launch/bench_vs_open_clip.sh l14 l14-compiled l14-open-clip-train              # ViT-L-14, 16k
 #   bash launch/bench_vs_open_clip.sh l14-compiled l14-float8 l14-open-clip-train-compiled   # the towers: compiled, float8, OpenCLIP's compiled trainer
 #   bash launch/bench_vs_open_clip.sh b16-256k b16-256k-open-clip-train   # ViT-B-16, 256k: open_clip_train's logits do not fit
+#   bash launch/bench_vs_open_clip.sh b32 b32-compiled   # ViT-B-32, 64k: its encoder rates for the planner
+#     (python -m infcl_ds.plan.calibrate --write adds them from vs_open_clip.json; until then it plans ViT-B-16's)
 # Every row: the mean of 2 steps (256k: 1) after an untimed one of the same shapes; chunks chosen by the
 # planner (--chunk auto); open_clip_train at --local-loss --gather-with-grad --accum-freq K.
 set -euo pipefail
@@ -13,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-docs/benchmarks}/vs_open_clip.json
 bench() { python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" "$@"; }
-[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-profile l14 l14-compiled l14-open-clip-train l14-open-clip-train-compiled b16-open-clip-train-compiled l14-float8 b16-float8 b16-256k b16-256k-open-clip-train)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-profile l14 l14-compiled l14-open-clip-train l14-open-clip-train-compiled b16-open-clip-train-compiled l14-float8 b16-float8 b16-256k b16-256k-open-clip-train b32 b32-compiled)" >&2; exit 2; }
 for part in "$@"; do
   case "$part" in
     # both with a profiled step after the timed ones (--profile: GPU time per kernel kind)
@@ -36,6 +38,8 @@ for part in "$@"; do
     b16-256k) bench --model ViT-B-16 --batch 256k --impl infcl_ds --compile --steps 1 ;;
     # open_clip_train's rows at 256k: "does not fit" with the size of its logits, not run
     b16-256k-open-clip-train) bench --model ViT-B-16 --batch 256k --impl open_clip_train --open-clip-train-batch-size 1024 ;;
+    b32) bench --model ViT-B-32 --batch 64k --impl infcl_ds ;;
+    b32-compiled) bench --model ViT-B-32 --batch 64k --impl infcl_ds --compile ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

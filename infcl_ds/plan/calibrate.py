@@ -142,19 +142,30 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
     """The compiled towers' encoder rates (encoder_rates.json, each model's `compiled`): from
     the compiled ZeRO-0-2 rows of this engine in `vs_path` (`launch/bench_vs_open_clip.sh`'s
     vs_open_clip.json), one GPU each: a model's smallest batch, so that its larger rows (ViT-B-16
-    at 256k) stay a check of the planner rather than its input. Returns the models written."""
+    at 256k) stay a check of the planner rather than its input. A model the file has the planner
+    has no entry for (ViT-B-32) gets one: its eager rate from the eager rows the same way (a
+    model already there keeps its eager rate: its fitted row's). Returns the models written."""
     data = json.loads(Path(vs_path).read_text())
     encoders = json.loads((out / "encoder_rates.json").read_text())
-    wanted = ("infcl_ds", True, "measured", 1)
-    rows = [row for row in data["rows"]
-            if (row.get("impl"), row.get("compile"), row.get("status"), row.get("world")) == wanted
-            and row.get("zero") != 3 and not row.get("set") and row["model"] in encoders["models"]]
-    written = list(dict.fromkeys(row["model"] for row in rows))
-    for model in written:
+    models = encoders["models"]
+
+    def rows_of(compiled: bool) -> List[dict]:
+        wanted = ("infcl_ds", compiled, "measured", 1)
+        return [row for row in data["rows"]
+                if (row.get("impl"), bool(row.get("compile")), row.get("status"), row.get("world")) == wanted
+                and row.get("zero") != 3 and not row.get("set")]
+
+    def smallest(rows: List[dict], model: str, kind: str) -> dict:
         row = min((r for r in rows if r["model"] == model), key=lambda r: r["B"])
-        encoders["models"][model]["compiled"] = _encoder_entry(
-            row, f"docs/benchmarks/{Path(vs_path).name}, compiled B={row['B']} row ({model}, "
-                 f"chunk {row['chunk']}, 1 x {row.get('device', '?')})")
+        return _encoder_entry(row, f"docs/benchmarks/{Path(vs_path).name}, {kind}B={row['B']} row ({model}, "
+                                   f"chunk {row['chunk']}, 1 x {row.get('device', '?')})")
+    eager, compiled = rows_of(False), rows_of(True)
+    written = list(dict.fromkeys(row["model"] for row in compiled + eager
+                                 if row["model"] in models or any(r["model"] == row["model"] for r in eager)))
+    for model in written:
+        entry = models.setdefault(model, smallest(eager, model, ""))
+        if any(r["model"] == model for r in compiled):
+            entry["compiled"] = smallest(compiled, model, "compiled ")
     _write_json(out / "encoder_rates.json", encoders)
     return written
 
@@ -256,7 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true", help="write the fit into infcl_ds/calibration/")
     p.add_argument("--loss", default=str(BENCHMARKS / "loss.json"), help="loss.json of `infcl-ds bench loss` (--write)")
     p.add_argument("--compiled", default=str(BENCHMARKS / "vs_open_clip.json"),
-                   help="vs_open_clip.json whose compiled rows give the compiled encoder rates (--write)")
+                   help="vs_open_clip.json whose compiled rows give the compiled encoder rates, and a model "
+                        "without an entry its eager ones too (--write)")
     p.add_argument("--out", default=str(CALIBRATION), help=argparse.SUPPRESS)
     p.add_argument("--decode", default=None, metavar="FILE",
                    help="write the GPU decoder's rates of decode.json (benchmarks/decode.py) instead")

@@ -209,3 +209,30 @@ def test_rates_come_from_the_clip_loss_rows_of_a_benchmark_file(tmp_path):
     path.write_text(json.dumps({"meta": {}, "rows": [dict(row, flops_per_B2D=6)]}))
     with pytest.raises(PlanError, match="no measured infcl_ds rows of the CLIP loss"):
         KernelRates.load(path)
+
+
+def test_a_model_first_measured_by_the_one_gpu_bench_gets_its_eager_and_compiled_rates(tmp_path):
+    """calibrate's vs_open_clip rows: a model the planner had no entry for gets both rates (each
+    from its smallest batch); a model already there keeps its fitted eager rate."""
+    import json
+    import shutil
+
+    from infcl_ds.plan.calibrate import write_compiled_calibration
+    shutil.copy(calibrate.CALIBRATION / "encoder_rates.json", tmp_path)
+    before = json.loads((tmp_path / "encoder_rates.json").read_text())["models"]["ViT-B-16"]
+
+    def row(model, B, compiled, encode_s, **extra):
+        return {"impl": "infcl_ds", "status": "measured", "world": 1, "model": model, "B": B, "local": B,
+                "chunk": 1024, "compile": compiled, "encode_s": encode_s, "reencode_s": 3 * encode_s,
+                "device": "NVIDIA H200", **extra}
+    rows = [row("ViT-B-32", 131072, False, 9.0), row("ViT-B-32", 65536, False, 5.0),
+            row("ViT-B-32", 65536, True, 4.0), row("ViT-B-32", 65536, True, 1.0, set=["model.float8=true"]),
+            row("ViT-B-16", 32768, False, 99.0), row("ViT-B-16", 32768, True, 3.0)]
+    (tmp_path / "vs.json").write_text(json.dumps({"rows": rows}))
+    assert write_compiled_calibration(tmp_path / "vs.json", tmp_path) == ["ViT-B-32", "ViT-B-16"]
+    models = json.loads((tmp_path / "encoder_rates.json").read_text())["models"]
+    b32 = models["ViT-B-32"]
+    assert (b32["samples"], b32["encode_s"], b32["reencode_s"]) == (65536, 5.0, 15.0)
+    assert (b32["compiled"]["encode_s"], b32["compiled"]["samples"]) == (4.0, 65536)  # not the float8 row
+    assert "B=65536 row (ViT-B-32" in b32["source"] and "compiled B=65536" in b32["compiled"]["source"]
+    assert models["ViT-B-16"]["encode_s"] == before["encode_s"] and models["ViT-B-16"]["compiled"]["encode_s"] == 3.0
