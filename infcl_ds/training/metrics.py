@@ -14,7 +14,8 @@ from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
            "encode_s", "loss_s", "reencode_s", "optimizer_s", "batch_wait_s", "decode_wait_s",
-           "decode_rows_per_process_s", "decode_busy_share", "host_bytes_per_sample", "graphs_compiled"]
+           "decode_rows_per_process_s", "decode_busy_share", "decode_gpu_rows_per_s", "host_bytes_per_sample",
+           "graphs_compiled"]
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -48,6 +49,24 @@ class PoolRate:
         # it is done, so a short interval's share can pass 1 by part of a piece.
         self.busy_share = seconds / (workers * (clock - self._clock)) if workers and clock > self._clock else None
         self._last, self._clock = now, clock
+        return rows / seconds if seconds > 0 else None
+
+
+class GpuDecodeRate:
+    """Rows per second the GPU decoder (data.decoder nvjpeg and hybrid) delivered since the last
+    reading, over the seconds it was busy decoding them (DeviceLane.rate); None without it or
+    before it decoded anything."""
+
+    def __init__(self, decoder):
+        self._decoder = decoder if getattr(decoder, "lane", None) is not None else None
+        self._last = self._decoder.lane_rate() if self._decoder is not None else (0, 0.0)
+
+    def since_last(self) -> Optional[float]:
+        if self._decoder is None:
+            return None
+        now = self._decoder.lane_rate()
+        rows, seconds = now[0] - self._last[0], now[1] - self._last[1]
+        self._last = now
         return rows / seconds if seconds > 0 else None
 
 

@@ -28,11 +28,12 @@ from ..run_dir import CHECKPOINTS, EVAL_JSON, RECIPE, RUN_INFO
 from ..validation import NonFiniteFeaturesError
 from . import divergence
 from .build import build_engine
+from .decode_split import SplitWatch
 from .distributed import collective_timeout_s, init_distributed
 from .heartbeat import StepHeartbeat
 from .host_threads import limit_host_threads
 from .launcher_watch import LauncherWatch, agreed_stop
-from .metrics import MetricsLogger, PoolRate, peak_memory_gib
+from .metrics import GpuDecodeRate, MetricsLogger, PoolRate, peak_memory_gib
 from .preflight import StartupError, check_free_disk, check_output_dir, checkpoint_bytes, held_run, move_old_run
 from .recipe_change import summary as change_summary
 from .recipe_change import decoder_change, trajectory_changes
@@ -211,7 +212,9 @@ class Trainer:
         lap, batches = time.perf_counter(), self._batches()
         deepspeed_engine = self.engine.deepspeed
         results, start = {}, self.step
-        pool = PoolRate(self.data.decoder)
+        pool, gpu_decode = PoolRate(self.data.decoder), GpuDecodeRate(self.data.decoder)
+        # rank 0: a line where this host's decode rates would split hybrid's chunks otherwise
+        split_watch = SplitWatch(self.data.decoder, start) if self.rank == 0 else None
         self.engine.phases.events = True  # each phase's time in metrics.csv, without synchronising
         # a line a minute on rank 0 while a step (with its wait for the batch) runs longer
         heartbeat = StepHeartbeat() if self.rank == 0 else None
@@ -254,13 +257,15 @@ class Trainer:
                        **{f"{name}_s": seconds for name, seconds in self.engine.phases.times().items()},
                        "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
-                       "decode_busy_share": pool.busy_share,
+                       "decode_busy_share": pool.busy_share, "decode_gpu_rows_per_s": gpu_decode.since_last(),
                        "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.
                        "graphs_compiled": graphs_compiled()}
                 logger.log_step(row)
                 self._show(bar, row)
+                if split_watch is not None:
+                    split_watch.step(self.step, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:
                 self.phase = f"evaluation at step {self.step}"
                 logger.log_eval(self.step, self.evaluate())

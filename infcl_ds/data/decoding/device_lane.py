@@ -48,6 +48,16 @@ class DeviceLane:
         self._device = device
         self.queue = DecodeQueue("GPU decoder's lane", window_rows=window_rows, start=self._start)
         self._threads: List[threading.Thread] = []
+        # Rows decoded and the lanes' seconds in their decode calls (which return once the
+        # library has the piece: its call waits on the GPU), for the rate the run measures.
+        self.decoded_rows, self.decode_s = 0, 0.0
+        self._counting = threading.Lock()
+
+    def rate(self) -> tuple:
+        """(rows decoded, seconds the GPU decoder was busy decoding them) since it started: the
+        lanes' seconds in their decode calls shared among the lanes, which decode side by side."""
+        with self._counting:
+            return self.decoded_rows, self.decode_s / len(self._decodes)
 
     def take(self, batch_id: int, lo: int, hi: int):
         """The queue's piece [lo, hi) of the batch, handed over to the current stream
@@ -80,9 +90,13 @@ class DeviceLane:
     def _decode_one(self, decode: Callable, piece, request) -> None:
         """One piece decoded and handed to the queue; its pixels then held by the queue alone
         (the consumer's last take frees them)."""
+        started = time.perf_counter()
         try:
             result = decode(request)
         except Exception as err:  # noqa: BLE001 - raised in the consumer that takes this piece
             self.queue.failed(piece, err)
         else:
+            with self._counting:
+                self.decoded_rows += piece.hi - piece.lo
+                self.decode_s += time.perf_counter() - started
             self.queue.done(piece, result)

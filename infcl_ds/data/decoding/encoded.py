@@ -161,6 +161,11 @@ class ChunkDecoder:
         without processes."""
         return self.pool.rate() if self.pool is not None else (0, 0.0)
 
+    def lane_rate(self) -> tuple:
+        """(rows, seconds) the GPU decoder has been busy decoding (DeviceLane.rate); (0, 0.0)
+        without it."""
+        return self.lane.rate() if self.lane is not None else (0, 0.0)
+
     def register(self, batch: "EncodedBatch") -> int:
         """A new batch: announced now with the engine's last order if it has the same rows,
         else when the engine announces one. Returns the batch's serial number in the queues."""

@@ -66,3 +66,30 @@ def test_three_lanes_give_the_pixels_of_one(shard, tokenizer):  # noqa: F811
     for batch in batches.values():
         batch.decoder.close()
     wait_until(lambda: not any(t.is_alive() for t in lane._threads))
+
+
+def test_the_lanes_count_their_rows_and_share_their_busy_seconds():
+    """DeviceLane.rate: rows of the pieces decoded, and the seconds in the decode calls over the
+    lane count (lanes decode side by side); a failed piece counts neither."""
+    import time
+    inside = []  # each call's own seconds
+
+    def decode(request):
+        if request == 3:
+            raise ValueError("rows 24-31 would not decode")
+        started = time.perf_counter()
+        time.sleep(0.2)
+        inside.append(time.perf_counter() - started)
+        return (0, torch.zeros(1), None, 0), None
+    lane = DeviceLane([decode, decode], torch.device("cpu"), window_rows=64)
+    assert lane.rate() == (0, 0.0)
+    lane.queue.announce(0, [(8 * r, 8 * r + 8, lambda r=r: r) for r in range(4)])
+    for r in range(3):
+        lane.take(0, 8 * r, 8 * r + 8)
+    with pytest.raises(ValueError):
+        lane.take(0, 24, 32)
+    rows, seconds = lane.rate()
+    assert rows == 24 and len(inside) == 3
+    # the calls' seconds over the 2 lanes (not their sum: 0.6 s or more)
+    assert sum(inside) / 2 <= seconds < sum(inside) / 2 + 0.15
+    lane.close()

@@ -1,0 +1,78 @@
+"""training/decode_split.py: the line that says which data.gpu_decode_share would let `hybrid`'s
+two decoders finish together at the rates the run measured, and training/metrics.GpuDecodeRate."""
+import io
+
+import pytest
+
+from infcl_ds.training.decode_split import SplitWatch, balanced_share, split_advice
+from infcl_ds.training.metrics import GpuDecodeRate
+
+# ViT-B-32 at 512k a GPU on 2 x H200 (docs/benchmarks.md): 13 processes at 234 rows/s, busy 68%
+# of the step, the GPU decoder at about 2,790 rows/s, share 0.575, 70.9 s of 163.4 waiting.
+MEASURED = dict(share=0.575, workers=13, rows_per_process_s=234.0, busy_share=0.68, gpu_rows_per_s=2790.0,
+                wait_s=70.9, step_s=163.4)
+
+
+def test_the_balanced_share_gives_both_decoders_the_same_time():
+    share = balanced_share(2790.0, 13, 234.0)
+    assert share == pytest.approx(2790 / (2790 + 13 * 234))
+    rows = 792_576  # any number of decodes: each decoder's share of them at its rate
+    assert share * rows / 2790.0 == pytest.approx((1 - share) * rows / (13 * 234.0))
+
+
+def test_a_waiting_step_with_idle_processes_names_the_share_that_balances_them():
+    line = split_advice(**MEASURED)
+    assert "data.gpu_decode_share=0.478" in line and "this run: 0.575" in line
+    assert "the GPU decoder's share sets the pace" in line and "busy 68%" in line
+    assert "70.9 s of 163.4 s" in line
+    slow_processes = split_advice(**{**MEASURED, "share": 0.3})
+    assert "the decode processes' share sets the pace" in slow_processes
+
+
+@pytest.mark.parametrize("change", [
+    {"wait_s": 0.04 * 163.4},             # the step hardly waited
+    {"share": 0.49},                      # already within 0.03 of the balanced share
+    {"share": 0.0}, {"share": 1.0},       # not hybrid: one decoder
+    {"share": "auto"},                    # not resolved: no run has it
+    {"workers": 0}, {"rows_per_process_s": None}, {"gpu_rows_per_s": None}, {"step_s": 0.0},
+])
+def test_no_line_where_the_split_is_not_what_the_step_waits_on_or_a_rate_is_missing(change):
+    assert split_advice(**{**MEASURED, **change}) is None
+
+
+class FakeDecoder:
+    def __init__(self, pool=True, lane=True):
+        self.pool, self.lane = (object() if pool else None), (object() if lane else None)
+        self.gpu_share, self.pids = 0.575, list(range(13))
+        self.lane_totals = (0, 0.0)
+
+    def lane_rate(self):
+        return self.lane_totals
+
+
+ROW = {"decode_rows_per_process_s": 234.0, "decode_busy_share": 0.68, "decode_gpu_rows_per_s": 2790.0,
+       "decode_wait_s": 70.9, "step_s": 163.4}
+
+
+def test_the_watch_says_it_once_and_not_on_the_runs_first_step():
+    out = io.StringIO()
+    watch = SplitWatch(FakeDecoder(), first_step=10, out=out)  # a run resumed at step 10
+    assert watch.step(11, ROW) is None  # its first step: the decoders start, the towers compile
+    assert "data.gpu_decode_share=0.478" in watch.step(12, ROW)
+    assert watch.step(13, ROW) is None
+    assert out.getvalue().count("decoding:") == 1
+
+
+@pytest.mark.parametrize("decoder", [None, FakeDecoder(pool=False), FakeDecoder(lane=False)])
+def test_the_watch_is_silent_without_both_decoders(decoder):
+    assert SplitWatch(decoder, first_step=0, out=io.StringIO()).step(5, ROW) is None
+
+
+def test_the_gpu_decoders_rate_covers_the_rows_since_the_last_reading():
+    decoder = FakeDecoder()
+    decoder.lane_totals = (100, 0.1)  # before the run's first reading: not counted
+    rate = GpuDecodeRate(decoder)
+    decoder.lane_totals = (3100, 1.1)
+    assert rate.since_last() == pytest.approx(3000.0)
+    assert rate.since_last() is None  # nothing decoded since
+    assert GpuDecodeRate(None).since_last() is None and GpuDecodeRate(FakeDecoder(lane=False)).since_last() is None
