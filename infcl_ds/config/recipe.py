@@ -243,8 +243,9 @@ class DataSection(Section):
 
     @model_validator(mode="after")
     def _host_keep_for_the_processes(self):
-        # The GPU decoder's rows are on the device: the pool's window cannot keep them.
-        if self.decoder in ("nvjpeg", "hybrid") and self.keep_decoded_host_gib not in ("auto", 0):
+        # The GPU decoder's rows are on the device: the pool's window cannot keep them (hybrid's
+        # processes decode the chunks their window keeps alone).
+        if self.decoder == "nvjpeg" and self.keep_decoded_host_gib not in ("auto", 0):
             raise ValueError(f"data.keep_decoded_host_gib keeps rows the decode processes decoded, and "
                              f"data.decoder={self.decoder} decodes on the GPU: set it to 0 or auto")
         return self

@@ -77,13 +77,18 @@ def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> 
     return float(_DECODE_RATES.get(f"{key}_towers_slowdown", 1.0)) * (more or 1.0)
 
 
-def hybrid_gpu_share(data: DataSection) -> float:
+def hybrid_gpu_share(data: DataSection, decodes: int = 0, processes_only: int = 0) -> float:
     """The GPU's share of each chunk under data.decoder=hybrid: its rate (data.gpu_jpeg_library,
     data.gpu_decode_lanes) over the rate of the GPU and data.decode_workers PIL processes
-    together, so both finish a chunk at once."""
+    together, so both finish a chunk at once. Where `processes_only` of a step's `decodes` are
+    the processes' alone (the chunks the decode pool keeps between the passes), the share of the
+    other chunks with which both finish the step at once, at most 1."""
     gpu = gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes)
     cpu = data.decode_workers * DECODE_RATES_PER_WORKER["pil"]
-    return gpu / (gpu + cpu)
+    if not 0 < processes_only < decodes:
+        return gpu / (gpu + cpu)
+    # share * split / gpu = ((1 - share) * split + processes_only) / cpu, split = decodes - processes_only
+    return min(1.0, gpu * decodes / ((decodes - processes_only) * (gpu + cpu)))
 
 
 def gpu_decode_share(data: DataSection) -> float:
@@ -204,9 +209,9 @@ def has_pool(data: DataSection) -> bool:
 def host_kept_rows(data: DataSection, local: int, image_size: int, chunk: Optional[int], gpu_kept: int) -> int:
     """Rows of the local batch the decode pool keeps decoded from the first pass to the second
     (data.keep_decoded_host_gib): whole chunks of `chunk` rows (None: as many rows as it holds)
-    right after the `gpu_kept` rows the GPU keeps; none without decode processes or with the GPU
-    decoders (their rows are on the device)."""
-    if not has_pool(data) or gpu_decode_share(data) > 0:
+    right after the `gpu_kept` rows the GPU keeps; none without decode processes. With `hybrid`
+    the processes decode these chunks alone (decoding/encoded.py's ChunkDecoder.split)."""
+    if not has_pool(data):
         return 0
     gpu_kept = min(gpu_kept, local)
     rows = min(local - gpu_kept, kept_rows(data.keep_decoded_host_gib, image_size, "data.keep_decoded_host_gib"))

@@ -263,15 +263,17 @@ def _auto_window(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSiz
 
 
 def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSizes, kept: int,
-                    image_bytes: int, time: StepTime) -> Tuple[float, str]:
+                    image_bytes: int, time: StepTime, balance: bool = False) -> Tuple[float, str]:
     """`data.keep_decoded_host_gib: auto` (the chunk and the GPU's kept rows resolved): every row
-    of the local batch the GPU does not keep, in whole chunks, where the node's memory allows
+    of the local batch the GPU does not keep (with `hybrid`, chunks the processes then decode
+    alone), in whole chunks, where the node's memory allows
     beside everything else; where it does not hold those and an `auto` window too, the share of
     them whose steady step waits least with the window the rest of the memory gives (rows
-    decoded once against rows decoded ahead), the larger on a tie. And why."""
+    decoded once against rows decoded ahead), the larger on a tie; with `balance` (`hybrid`'s
+    share `auto`), each at the share that balances its decoders (_balanced_share). And why."""
     data, local, chunk = recipe.data, recipe.local_batch(gpus), recipe.batch.chunk
-    if not has_pool(data) or gpu_decode_share(data) > 0:
-        return 0.0, "no decode processes" if not has_pool(data) else "the GPU decoder's rows are on the GPU"
+    if not has_pool(data):
+        return 0.0, "no decode processes"
     if -(-local // chunk) == 1 and recipe.zero.stage < 3 and not recipe.batch.offload_features:
         return 0.0, "one pass"
     rest = local - min(kept, local)
@@ -290,6 +292,9 @@ def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: Rank
         def wait(kept_rows: int) -> float:
             trial = recipe_with(bare, "data", keep_decoded_host_gib=kept_rows * row / mem.GIB,
                                 decode_window_gib=max(room - kept_rows, least) * row / mem.GIB)
+            if balance:
+                trial = recipe_with(trial, "data", gpu_decode_share=_balanced_share(trial, local, time, kept,
+                                                                                    model.image_size))
             return decoding(trial, local, time, kept, model.image_size).wait_s
         waits = {h: wait(h) for h in sorted({whole(rows * i // 8) for i in range(9)}, reverse=True)}
         shortest = min(waits.values())
@@ -371,10 +376,15 @@ def _at_chunk(recipe: Recipe, chunk: int, choices: List[Choice], gpus: int, mode
     time = step_time(model, trial, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
     kept = _kept(trial, gpus, model)
     if trial.data.keep_decoded_host_gib == "auto":
-        gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time)
+        share_auto = any(c.key == "data.gpu_decode_share" for c in trial_choices)
+        gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time, balance=share_auto)
                     if trial.data.host_batch == "encoded" else (0.0, "decoded host batches"))
         trial = recipe_with(trial, "data", keep_decoded_host_gib=gib)
         trial_choices.append(Choice("data.keep_decoded_host_gib", gib, why))
+    share_auto = next((i for i, c in enumerate(trial_choices) if c.key == "data.gpu_decode_share"), None)
+    if share_auto is not None and trial.data.host_batch == "encoded":
+        trial, time, trial_choices[share_auto] = _balanced_hybrid(trial, gpus, model, sizes, rates, network,
+                                                                  encoder_tflops, time, kept)
     if trial.data.decode_window_gib == "auto":
         gib, why = (_auto_window(trial, gpus, model, sizes, time, kept, image_bytes)
                     if trial.data.host_batch == "encoded" else (AUTO_WINDOW_CPU_GIB, "decoded host batches"))
@@ -383,6 +393,31 @@ def _at_chunk(recipe: Recipe, chunk: int, choices: List[Choice], gpus: int, mode
     planned = (decoding(trial, local, time, kept, model.image_size)
                if trial.data.host_batch == "encoded" else None)
     return _Candidate(trial, tuple(trial_choices), planned, time)
+
+
+def _balanced_share(recipe: Recipe, local: int, time: StepTime, kept: int, image_size: int) -> float:
+    """`hybrid`'s GPU share with which both decoders are busy alike over the recipe's step, the
+    chunks its decode pool keeps between the passes the processes' alone."""
+    shape = step_shape(recipe, local, time, kept, image_size)
+    return hybrid_gpu_share(recipe.data, shape.decodes, shape.host_kept)
+
+
+def _balanced_hybrid(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSizes, rates: KernelRates,
+                     network: str, encoder_tflops: Optional[float], time: StepTime,
+                     kept: int) -> Tuple[Recipe, StepTime, Choice]:
+    """`hybrid`'s `data.gpu_decode_share: auto` once the rows kept on the host are known: the
+    chunks the decode pool keeps are the processes' alone, so the GPU takes more of the others
+    (footprint.hybrid_gpu_share); the step's time again, as the towers' slowdown beside the GPU
+    decoder follows its share."""
+    shape = step_shape(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
+    share = _balanced_share(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
+    if not shape.host_kept:
+        return recipe, time, Choice("data.gpu_decode_share", round(share, 4), "the GPU's rate over both decoders'")
+    recipe = recipe_with(recipe, "data", gpu_decode_share=share)
+    time = step_time(model, recipe, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
+    return recipe, time, Choice("data.gpu_decode_share", round(share, 4),
+                                f"both decoders busy alike, the {shape.host_kept:,} rows kept in the decode pool's "
+                                f"window the processes' alone")
 
 
 def _lane_binds(candidate: _Candidate, gpus: int, model: ModelEstimate) -> bool:

@@ -14,6 +14,8 @@ What it models (engine/step.py, data/decoding/encoded.py, data/decoding/decode_q
   current step computes, but never further than that.
 - A chunk starts once every decoder has its rows; while the engine waits, the decoders go on
   (the chunk's rows are taken piece by piece, so they do not count against the window).
+- A chunk kept in the decode pool's window between the passes is the processes' alone (the
+  first decoder's): with `hybrid` none of it is decoded twice.
 
 The wait is what the engine's `decode_wait_s` measures. A step that decodes more rows than its
 decoders can deliver in its compute waits at least the difference whatever the window (the
@@ -57,29 +59,31 @@ class StepShape:
     def compute_s(self) -> float:
         return self.encode_s + self.loss_s + self.reencode_s
 
-    def events(self) -> List[Tuple[int, int, float]]:
-        """(rows to decode, rows leaving the window, seconds of compute after the rows are taken)
-        in the order the engine asks: pass 1's chunks, the loss, pass 2's. A chunk kept on the
-        GPU needs no decoding in pass 2; one kept in the pool's window stays there from its take
-        in pass 1 to its take in pass 2. Consecutive chunks are taken together where a pass has
-        more than EVENTS_PER_PASS (a wait is then counted for the group: at most a group's
-        compute too much, under 0.2% of the pass)."""
+    def events(self) -> List[Tuple[int, int, float, bool]]:
+        """(rows to decode, rows leaving the window, seconds of compute after the rows are taken,
+        whether the rows are the first decoder's alone) in the order the engine asks: pass 1's
+        chunks, the loss, pass 2's. A chunk kept on the GPU needs no decoding in pass 2; one kept
+        in the pool's window stays there from its take in pass 1 to its take in pass 2, decoded
+        by the processes alone. Consecutive chunks are taken together where a pass has more than
+        EVENTS_PER_PASS (a wait is then counted for the group: at most a group's compute too
+        much, under 0.2% of the pass)."""
         local, chunk = self.local, self.chunk
         if self.passes == 1:
             return _grouped(0, local, chunk, self.compute_s / local, True, True)
         gpu = min(self.kept, local)
         host = min(gpu + self.host_kept, local)
         first, second = self.encode_s / local, self.reencode_s / local
-        return (_grouped(0, gpu, chunk, first, True, True) + _grouped(gpu, host, chunk, first, True, False)
+        return (_grouped(0, gpu, chunk, first, True, True) + _grouped(gpu, host, chunk, first, True, False, True)
                 + _grouped(host, local, chunk, first, True, True)
-                + [(0, 0, self.loss_s)]
-                + _grouped(0, gpu, chunk, second, False, False) + _grouped(gpu, host, chunk, second, False, True)
+                + [(0, 0, self.loss_s, False)]
+                + _grouped(0, gpu, chunk, second, False, False)
+                + _grouped(gpu, host, chunk, second, False, True, True)
                 + _grouped(host, local, chunk, second, True, True))
 
     @property
     def decodes(self) -> int:
         """Rows decoded per step."""
-        return sum(rows for rows, _, _ in self.events())
+        return sum(event[0] for event in self.events())
 
 
 # The most events a pass is simulated in (see StepShape.events).
@@ -87,11 +91,11 @@ EVENTS_PER_PASS = 512
 
 
 def _grouped(lo: int, hi: int, chunk: int, seconds_per_row: float, decoded: bool,
-             released: bool) -> List[Tuple[int, int, float]]:
+             released: bool, first_only: bool = False) -> List[Tuple[int, int, float, bool]]:
     """Rows [lo, hi) in chunks of `chunk`, grouped into at most EVENTS_PER_PASS events of whole
     chunks: (rows to decode, or 0 where not `decoded`; rows leaving the window, or 0 where not
-    `released`; seconds of compute). Rows the GPU keeps leave the window in pass 1, as the engine
-    takes them."""
+    `released`; seconds of compute; `first_only`). Rows the GPU keeps leave the window in pass 1,
+    as the engine takes them."""
     if hi <= lo:
         return []
     chunks = -(-(hi - lo) // chunk)
@@ -99,7 +103,7 @@ def _grouped(lo: int, hi: int, chunk: int, seconds_per_row: float, decoded: bool
     out = []
     for a in range(lo, hi, per_event):
         rows = min(a + per_event, hi) - a
-        out.append((rows if decoded else 0, rows if released else 0, rows * seconds_per_row))
+        out.append((rows if decoded else 0, rows if released else 0, rows * seconds_per_row, first_only))
     return out
 
 
@@ -143,12 +147,18 @@ def _split(rows: int, decoders: Sequence[Decoder]) -> List[int]:
     return [b - a for a, b in zip(edges, edges[1:])]
 
 
+def _split_event(rows: int, decoders: Sequence[Decoder], first_only: bool) -> List[int]:
+    """An event's rows per decoder: all the first's where they are its alone, else _split."""
+    return [rows] + [0] * (len(decoders) - 1) if first_only else _split(rows, decoders)
+
+
 def steady_wait(shape: StepShape, decoders: Sequence[Decoder]) -> float:
     """Seconds the engine waits for decoded rows in a steady step (the step a long run repeats,
     after the cold first ones)."""
     if not decoders:
         return 0.0
-    events = [(_split(need, decoders), _split(gone, decoders), seconds) for need, gone, seconds in shape.events()]
+    events = [(_split_event(need, decoders, first), _split_event(gone, decoders, first), seconds)
+              for need, gone, seconds, first in shape.events()]
     per_step = [sum(needs[j] for needs, _, _ in events) for j in range(len(decoders))]
     made = [0.0] * len(decoders)    # rows decoded since the start, per decoder
     taken = [0] * len(decoders)     # rows the engine has taken (a first time)
@@ -186,8 +196,8 @@ def rate_bound(shape: StepShape, decoders: Sequence[Decoder]) -> float:
     if not decoders:
         return 0.0
     per_step = [0] * len(decoders)
-    for rows, _, _ in shape.events():
-        for j, n in enumerate(_split(rows, decoders)):
+    for rows, _, _, first in shape.events():
+        for j, n in enumerate(_split_event(rows, decoders, first)):
             per_step[j] += n
     need = max((n / d.rate if d.rate > 0 else float("inf")) for n, d in zip(per_step, decoders) if n) \
         if any(per_step) else 0.0

@@ -437,7 +437,7 @@ def step_decoders(recipe: Recipe, local: int, image_size: int, host_kept: int = 
     share = gpu_decode_share(data)
     per_worker = rate_per_process(data)
     decoders = []
-    if share < 1:
+    if share < 1 or host_kept:  # the processes decode the chunks their window keeps alone
         if has_pool(data):
             rows = pool_window_rows(data, local, image_size) + host_kept
             rows = window_slots(rows, data.decode_workers) * DECODE_PIECE_ROWS
@@ -457,7 +457,7 @@ def decoding(recipe: Recipe, local: int, time: "StepTime", kept: int, image_size
     shape = step_shape(recipe, local, time, kept, image_size)
     decoders = step_decoders(recipe, local, image_size, shape.host_kept)
     share = gpu_decode_share(data)
-    pool = has_pool(data) and share < 1
+    pool = has_pool(data) and (share < 1 or shape.host_kept > 0)
     return Decoding(overlap=overlap(shape, decoders), workers=data.decode_workers if pool else 0,
                     per_worker=rate_per_process(data),
                     device_rate=gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes) if share > 0 else 0.0,

@@ -263,3 +263,11 @@ def test_float8_on_a_cpu_rank_is_a_recipe_error_before_any_collective():
     auto = load_recipe(None, ["model.float8=true", "batch.chunk=auto"])
     with pytest.raises(RecipeError, match=message):
         resolve_recipe(auto, 2, torch.device("cpu"), rank=0)
+
+
+def test_rows_kept_in_the_decode_pools_window_need_its_processes():
+    """data.keep_decoded_host_gib keeps what the decode processes decoded: refused with nvjpeg
+    (no processes), taken with hybrid (whose processes decode those chunks alone)."""
+    base = ["data.source=webdataset", "data.train=x.tar", "data.keep_decoded_host_gib=2"]
+    _load_refused(None, base + ["data.decoder=nvjpeg"], r"data.keep_decoded_host_gib .* data.decoder=nvjpeg")
+    assert load_recipe(None, base + ["data.decoder=hybrid"]).data.keep_decoded_host_gib == 2

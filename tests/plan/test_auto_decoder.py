@@ -185,3 +185,24 @@ def test_the_gpu_decoders_window_grows_where_the_step_waits_for_it_taken_from_th
                               "data.decoder=nvjpeg"])
     small = resolve_autos(slow, 1, RankSizes(H200, 1, split_cores(2, 1), 256 * GIB)).choice("data.gpu_decode_window_gib")
     assert small.value == 4 and small.why.startswith("the smallest")
+
+
+def test_hybrid_keeps_what_the_gpu_cannot_in_the_pools_window_and_balances_its_share():
+    """ViT-B-32 at 512k a GPU on 2 x H200 (250 GiB, 32 cores), its towers at 352 TFLOP/s: the GPU
+    keeps what fits, the decode pool's window the rest, so every row is decoded once; the pool's
+    chunks are the processes' alone, and the GPU's share of the others grows to balance them. A
+    shorter step than with those rows decoded in both passes."""
+    recipe = load_recipe(f"{RECIPES}/vit-b16-1m-8gpu.yaml", [
+        "model.name=ViT-B-32", "batch.global=1048576", "batch.chunk=auto", "data.decode_workers=auto",
+        "data.keep_decoded_gib=auto", "data.decoder=hybrid", "data.gpu_jpeg_library=nvimgcodec"])
+    plan = make_plan(recipe, 2, int(139.8 * GIB), 2, 250 * GIB, cores=32, encoder_tflops=352)
+    shape = plan.decoding.overlap.shape
+    assert 0 < shape.kept < shape.local and shape.host_kept == shape.local - shape.kept
+    assert shape.decodes == shape.local  # every row once
+    data = plan.recipe.data
+    assert data.gpu_decode_share > gpu_decode_rate("nvimgcodec") / (gpu_decode_rate("nvimgcodec")
+                                                                     + data.decode_workers * DECODE_RATES_PER_WORKER["pil"])
+    assert "the processes' alone" in plan.choice("data.gpu_decode_share").why
+    twice = make_plan(recipe_with(recipe, "data", keep_decoded_host_gib=0.0), 2, int(139.8 * GIB), 2, 250 * GIB,
+                      cores=32, encoder_tflops=352)
+    assert twice.decoding.overlap.shape.decodes > shape.decodes and twice.step_seconds > plan.step_seconds

@@ -119,7 +119,8 @@ def test_windows_that_bind_only_together_are_grown_together_and_the_planner_says
     recipe = load_recipe("ds_configs/recipes/vit-b16-1m-8gpu.yaml", [
         "model.name=ViT-B-32", "batch.global=2097152", "batch.chunk=auto", "data.decoder=hybrid",
         "data.decode_workers=13", "data.gpu_decode_share=0.585", "data.gpu_jpeg_library=nvimgcodec",
-        "data.keep_decoded_gib=auto", "data.decode_window_gib=auto", "data.gpu_decode_window_gib=4"])
+        "data.keep_decoded_gib=auto", "data.decode_window_gib=auto", "data.gpu_decode_window_gib=4",
+        "data.keep_decoded_host_gib=0"])  # every row the GPU does not keep decoded in both passes
     plan = make_plan(recipe, 4, int(139.8 * gib), 4, 500 * gib, cores=64)
     shape = plan.decoding.overlap.shape
     decoders = step_decoders(plan.recipe, plan.local_batch, plan.model.image_size, shape.host_kept)
@@ -149,3 +150,30 @@ def test_a_hybrid_rank_that_gives_the_gpu_no_rows_is_told_of_the_pools_window_on
     plan = make_plan(recipe, 4, int(139.8 * gib), 4, 500 * gib, cores=64)
     windows = [w for w in plan.unbinding if "window of" in w]
     assert windows and all("data.decode_window_gib" in w and "gpu_decode_window_gib" not in w for w in windows)
+
+
+def test_hybrids_rows_kept_in_the_pools_window_are_the_processes_alone_and_balanced_against_the_gpu():
+    """1,024 rows: 256 kept on the GPU, 512 in the pool's window, 256 decoded in both passes:
+    1,280 decodes, the window's 512 the processes' alone. At the share that balances both
+    decoders over the step, each takes the same seconds; at the rate ratio, the processes bind."""
+    from infcl_ds.config.recipe import DataSection
+    from infcl_ds.data import footprint
+    from infcl_ds.plan.overlap import rate_bound
+    step = StepShape(local=1024, chunk=128, kept=256, passes=2, encode_s=1.0, loss_s=0.0, reencode_s=1.0,
+                     host_kept=512)
+    assert step.decodes == 1280
+    cpu, gpu = 300.0, 500.0
+    by_rate = gpu / (gpu + cpu)
+    # the processes decode 512 + (1 - s) x 768 rows, the GPU s x 768
+    assert rate_bound(step, [Decoder(cpu, 4096, 1 - by_rate), Decoder(gpu, 4096, by_rate)]) == pytest.approx(
+        (512 + round(768 * (1 - by_rate))) / cpu - 2.0, rel=0.01)
+    data = DataSection.model_validate({"source": "webdataset", "train": "x", "decoder": "hybrid",
+                                       "decode_workers": 13})
+    cpu, gpu = 13 * footprint.DECODE_RATES_PER_WORKER["pil"], footprint.gpu_decode_rate(data.gpu_jpeg_library)
+    fewer = StepShape(local=1024, chunk=128, kept=256, passes=2, encode_s=1.0, loss_s=0.0, reencode_s=1.0,
+                      host_kept=128)  # 256 + 128 + 2 x 640 = 1,664 decodes, 128 the processes' alone
+    share = footprint.hybrid_gpu_share(data, fewer.decodes, fewer.host_kept)
+    assert share > footprint.hybrid_gpu_share(data) == pytest.approx(gpu / (gpu + cpu))
+    split = fewer.decodes - fewer.host_kept
+    assert share * split / gpu == pytest.approx(((1 - share) * split + 128) / cpu)  # both busy alike
+    assert footprint.hybrid_gpu_share(data, step.decodes, step.host_kept) == 1.0  # at most every other row

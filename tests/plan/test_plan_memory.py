@@ -317,10 +317,14 @@ def test_encoded_host_memory_from_the_shards_bytes(tmp_path, rates):
 def test_chunk_auto_is_the_largest_power_of_two_whose_step_is_as_short(name, gpus, gib):
     """batch.chunk=auto: a power of two (at most AUTO_CHUNK_MAX) whose planned peak is within
     90% of the GPU's memory; each larger one either does not fit or makes a longer step (it
-    leaves less room to keep decoded rows for the grad pass)."""
+    leaves less room to keep decoded rows for the grad pass). The chunk is chosen at the GPU
+    decoder's smallest window (a larger one is weighed after, for the chosen chunk): compared
+    at that window here."""
+    from infcl_ds.data.footprint import LANE_WINDOW_GIB
     from infcl_ds.plan.machine import split_cores
     from infcl_ds.plan.auto_values import AUTO_CHUNK_MAX, RankSizes, recipe_with, resolve_autos
-    recipe = load_recipe(RECIPES / f"{name}.yaml", ["batch.chunk=auto", "data.keep_decoded_gib=auto"])
+    recipe = load_recipe(RECIPES / f"{name}.yaml", ["batch.chunk=auto", "data.keep_decoded_gib=auto",
+                                                    f"data.gpu_decode_window_gib={LANE_WINDOW_GIB}"])
     sizes = RankSizes(gib * GIB, gpus, split_cores(16 * gpus, gpus), 2048 * GIB)
     chosen = resolve_autos(recipe, gpus, sizes)
     chunk = chosen.recipe.batch.chunk

@@ -88,7 +88,8 @@ class ChunkDecoder:
     - "nvjpeg": every row on `device` (device_decode.BatchedDevicePieces, with `gpu_jpeg_library`),
       no processes;
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
-      on `device`: both decode each chunk at once, each at its own rate.
+      on `device`: both decode each chunk at once, each at its own rate; a chunk the pool keeps
+      between the passes (data.keep_decoded_host_gib) by the processes alone.
     The GPU decodes on `gpu_lanes` threads, each with a piece decoder (a stream) of its own.
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
     and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py); the GPU
@@ -114,7 +115,7 @@ class ChunkDecoder:
                                 f"got {shown(gpu_share)}")
             self.lane = DeviceLane([pieces.decode for pieces in lanes], self.gpu.device, lane_window_rows)
         self.pool = None
-        if workers > 0 and self.gpu_share < 1:
+        if workers > 0 and decoder != "nvjpeg":  # hybrid's too at a share of 1: the chunks the pool keeps
             if image_size is None:
                 raise ValueError("a decode pool needs the image size (its window's slots)")
             self.pool = DecodePool(self.pieces, workers, window_rows, (3, image_size, image_size))
@@ -127,28 +128,35 @@ class ChunkDecoder:
         self._serials = itertools.count()
         self._closed = None
 
-    def split(self, lo: int, hi: int) -> Tuple[List[Span], Optional[Span]]:
+    def split(self, lo: int, hi: int, host_kept: bool = False) -> Tuple[List[Span], Optional[Span]]:
         """Rows [lo, hi) as (the processes' pieces, the device's rows or None). A function of
-        the chunk alone: a row is decoded by the same decoder in both passes and at a resume."""
-        gpu_rows = round((hi - lo) * self.gpu_share)
+        the chunk and the batch's kept rows alone: a row is decoded by the same decoder in both
+        passes and at a resume. A chunk the pool keeps between the passes (`host_kept`:
+        host_keeps) is the processes' alone, so that none of it is decoded twice."""
+        gpu_rows = 0 if host_kept and self.pool is not None else round((hi - lo) * self.gpu_share)
         cut = hi - gpu_rows
         return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
+
+    def host_keeps(self, lo: int, hi: int, keep_rows: int, host_keep_rows: int) -> bool:
+        """Whether the chunk [lo, hi) stays decoded in the pool's window between the passes: in
+        the `host_keep_rows` after the `keep_rows` the device keeps, with decode processes."""
+        return self.pool is not None and keep_rows < hi <= keep_rows + host_keep_rows
 
     def pieces_in(self, passes, keep_rows: int, host_keep_rows: int = 0) -> Tuple[List[tuple], List[Span]]:
         """The engine's `passes` as the processes' pieces ((lo, hi, uses)) and the device's rows,
         in the order they are first taken; a chunk kept on the device between passes (within
         `keep_rows`) once, and one the pool keeps for the next pass (the `host_keep_rows` after
-        those; only where the processes decode all its rows) once, taken as often as it is asked."""
+        those, decoded by the processes alone) once, taken as often as it is asked."""
         asked = Counter((lo, hi) for chunks in passes for lo, hi in chunks)
         seen, pieces, on_device = set(), [], []
         for chunks in passes:
             for lo, hi in chunks:
-                if (lo, hi) in seen and hi <= keep_rows + (host_keep_rows if not self.gpu_share else 0):
+                on_host = self.host_keeps(lo, hi, keep_rows, host_keep_rows)
+                if (lo, hi) in seen and (hi <= keep_rows or on_host):
                     continue  # served again from the device, or from the pool's window
-                uses = asked[(lo, hi)] if keep_rows < hi <= keep_rows + host_keep_rows and not self.gpu_share else 1
                 seen.add((lo, hi))
-                cpu, gpu = self.split(lo, hi)
-                pieces += [(a, b, uses) for a, b in cpu]
+                cpu, gpu = self.split(lo, hi, on_host)
+                pieces += [(a, b, asked[(lo, hi)] if on_host else 1) for a, b in cpu]
                 on_device += [gpu] if gpu else []
         return pieces, on_device
 
@@ -305,7 +313,8 @@ class EncodedBatch:
             raise DataError(f"decoding local batch rows {lo}-{hi - 1} failed: {err}") from None
 
     def _decoded(self, lo: int, hi: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        pieces, on_device = self.decoder.split(lo, hi)
+        pieces, on_device = self.decoder.split(lo, hi, self.decoder.host_keeps(lo, hi, self.keep_rows,
+                                                                               self.host_keep_rows))
         images, rows = None, {}
         if on_device is not None:  # first: the processes go on decoding their rows meanwhile
             a, b = on_device

@@ -262,3 +262,26 @@ def test_gpu_decoders_are_refused_on_cpu_ranks_and_hybrid_gets_the_planned_share
     fixed = Recipe.model_validate({"data": {"source": "webdataset", "train": "x", "decoder": "hybrid",
                                             "gpu_decode_share": 0.25}})
     assert resolve_recipe(fixed, 1, torch.device("cuda", 0), 0, sizes).recipe.data.gpu_decode_share == 0.25
+
+def test_hybrid_chunks_kept_in_the_pools_window_are_the_processes_alone_and_decoded_once(shard, tokenizer):
+    """data.decoder=hybrid with data.keep_decoded_host_gib: the chunks the pool keeps between the
+    passes are decoded by the PIL processes alone (open_clip's pixels), once; the chunk kept on the
+    device and those after the kept ones are split as before; both passes bit-identical."""
+    row = 3 * IMAGE_SIZE ** 2
+    pil = first_batch(shard, tokenizer, "encoded")
+    batch = first_batch(shard, tokenizer, "encoded", decoder="hybrid", decode_workers=2, gpu_decode_share=0.3,
+                        keep_decoded_gib=(10 * row + 1) / 2 ** 30, keep_decoded_host_gib=(20 * row + 1) / 2 ** 30)
+    assert (batch.keep_rows, batch.host_keep_rows) == (10, 20)  # rows 0-9 on the device, 10-29 in the window
+    chunk = 10
+    pieces, on_device = batch.decoder.pieces_in([chunks_of(batch, chunk)] * 2, batch.keep_rows, batch.host_keep_rows)
+    assert [(lo, hi) for lo, hi in on_device] == [(7, 10), (37, 40), (37, 40)]
+    assert [(lo, hi, uses) for lo, hi, uses in pieces] == [(0, 7, 1), (10, 20, 2), (20, 30, 2), (30, 37, 1),
+                                                          (30, 37, 1)]
+    first, second = both_passes(batch, chunk)
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    for k in (1, 2):  # the window's chunks: PIL's pixels, every row
+        assert torch.equal(first[k][0], pil.chunk(10 * k, 10 * k + 10, torch.device("cpu"))[0])
+    assert batch.decoder.lane_rate()[0] == 3 + 2 * 3  # the GPU's rows: 7-9 once, 37-39 in both passes
+    assert batch.decoder.pool_rate()[0] == 7 + 20 + 2 * 7
+    batch.decoder.close()
