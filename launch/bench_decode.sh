@@ -17,6 +17,10 @@
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
+# ViT-B-32 planned at its own measured tower rate: measured and calibrated in the command that starts
+# the run (a later command's checkout replaces the calibration written here), then waited for:
+#   OUT=/tmp/vs bash launch/bench_vs_open_clip.sh b32 b32-compiled && python3 -m infcl_ds.plan.calibrate \
+#     --write --compiled /tmp/vs/vs_open_clip.json && HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
 # The one-GPU parts at once, each on a GPU of its own (PART@GPU, or PART+PART@GPU one after
 # another) and that GPU's share of the cores
@@ -36,7 +40,7 @@
 # under $SHARDS and 8,192 photos of ~100 KB under $LARGE, made once per host.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ $# -gt 0 ] || { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
 shards=${SHARDS:-/tmp/infcl-ds-photos}
