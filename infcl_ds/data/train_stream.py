@@ -250,7 +250,8 @@ def build_train_data(data: DataSection, *, rank: int, world_size: int, local_bat
         decoder = ChunkDecoder(transform, seed, data.decode_workers, data.decoder, device=device,
                                image_size=image_size, window_rows=window, gpu_share=data.gpu_decode_share,
                                gpu_jpeg_library=data.gpu_jpeg_library, gpu_lanes=data.gpu_decode_lanes,
-                               lane_window_rows=device_window_rows(data, local_batch, image_size))
+                               lane_window_rows=device_window_rows(data, local_batch, image_size),
+                               keeps_on_host=host_keep_rows > 0)
     else:
         dataset, collate, decoder = TrainDataset(source, transform, seed), Collate(tokenizer), None
         keep_rows = host_keep_rows = 0

@@ -241,11 +241,11 @@ def _auto_window(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSiz
     what the node's memory leaves (_window_room_rows), and why."""
     row = 3 * model.image_size ** 2
     data = recipe.data
-    if not has_pool(data) or gpu_decode_share(data) >= 1:
-        return DECODE_PIECE_ROWS * row / mem.GIB, "no decode processes"
     local = recipe.local_batch(gpus)
-    probe = recipe_with(recipe, "data", decode_window_gib=1e-9)
     shape = step_shape(recipe, local, time, kept, model.image_size)
+    if not has_pool(data) or (gpu_decode_share(data) >= 1 and not shape.host_kept):
+        return DECODE_PIECE_ROWS * row / mem.GIB, "no decode processes"
+    probe = recipe_with(recipe, "data", decode_window_gib=1e-9)
     decoders = step_decoders(probe, local, model.image_size, shape.host_kept)
     # at least two pieces per process beyond the rows kept between the passes: every process busy
     least = window_slots(0, data.decode_workers) * DECODE_PIECE_ROWS
@@ -270,7 +270,8 @@ def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: Rank
     beside everything else; where it does not hold those and an `auto` window too, the share of
     them whose steady step waits least with the window the rest of the memory gives (rows
     decoded once against rows decoded ahead), the larger on a tie; with `balance` (`hybrid`'s
-    share `auto`), each at the share that balances its decoders (_balanced_share). And why."""
+    share `auto`), each at the better of its share and the one that balances its decoders
+    (_balanced_share). And why."""
     data, local, chunk = recipe.data, recipe.local_batch(gpus), recipe.batch.chunk
     if not has_pool(data):
         return 0.0, "no decode processes"
@@ -292,10 +293,12 @@ def _auto_host_keep(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: Rank
         def wait(kept_rows: int) -> float:
             trial = recipe_with(bare, "data", keep_decoded_host_gib=kept_rows * row / mem.GIB,
                                 decode_window_gib=max(room - kept_rows, least) * row / mem.GIB)
-            if balance:
-                trial = recipe_with(trial, "data", gpu_decode_share=_balanced_share(trial, local, time, kept,
-                                                                                    model.image_size))
-            return decoding(trial, local, time, kept, model.image_size).wait_s
+            plain = decoding(trial, local, time, kept, model.image_size).wait_s
+            if not balance:
+                return plain
+            balanced = recipe_with(trial, "data", gpu_decode_share=_balanced_share(trial, local, time, kept,
+                                                                                   model.image_size))
+            return min(plain, decoding(balanced, local, time, kept, model.image_size).wait_s)
         waits = {h: wait(h) for h in sorted({whole(rows * i // 8) for i in range(9)}, reverse=True)}
         shortest = min(waits.values())
         best = next(h for h, w in waits.items() if w <= shortest + tolerance_s(step_shape(bare, local, time, kept,
@@ -375,24 +378,40 @@ def _at_chunk(recipe: Recipe, chunk: int, choices: List[Choice], gpus: int, mode
                                     f"{kept:,} of {local:,} rows" if kept < local else f"all {local:,} rows"))
     time = step_time(model, trial, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
     kept = _kept(trial, gpus, model)
+    share_auto = next((i for i, c in enumerate(trial_choices) if c.key == "data.gpu_decode_share"), None)
     if trial.data.keep_decoded_host_gib == "auto":
-        share_auto = any(c.key == "data.gpu_decode_share" for c in trial_choices)
-        gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time, balance=share_auto)
+        gib, why = (_auto_host_keep(trial, gpus, model, sizes, kept, image_bytes, time,
+                                    balance=share_auto is not None)
                     if trial.data.host_batch == "encoded" else (0.0, "decoded host batches"))
         trial = recipe_with(trial, "data", keep_decoded_host_gib=gib)
         trial_choices.append(Choice("data.keep_decoded_host_gib", gib, why))
-    share_auto = next((i for i, c in enumerate(trial_choices) if c.key == "data.gpu_decode_share"), None)
-    if share_auto is not None and trial.data.host_batch == "encoded":
-        trial, time, trial_choices[share_auto] = _balanced_hybrid(trial, gpus, model, sizes, rates, network,
-                                                                  encoder_tflops, time, kept)
+    candidate = _with_window(trial, trial_choices, time, gpus, model, sizes, kept, image_bytes)
+    if share_auto is not None and candidate.decoding is not None and candidate.decoding.overlap.shape.host_kept:
+        # the chunks the pool keeps are the processes' alone: a larger GPU share of the others,
+        # where it fits and makes the step shorter
+        balanced, balanced_time, choice = _balanced_hybrid(trial, gpus, model, rates, sizes.gpus_per_node, network,
+                                                           encoder_tflops, time, kept)
+        if mem.gpu_memory(model, balanced, gpus).peak <= _budget(sizes):
+            balanced_choices = list(trial_choices)
+            balanced_choices[share_auto] = choice
+            other = _with_window(balanced, balanced_choices, balanced_time, gpus, model, sizes, kept, image_bytes)
+            if other.step_s < candidate.step_s - _tolerance(other, gpus, model):
+                candidate = other
+    return candidate
+
+
+def _with_window(trial: Recipe, choices: List[Choice], time: StepTime, gpus: int, model: ModelEstimate,
+                 sizes: RankSizes, kept: int, image_bytes: int) -> _Candidate:
+    """The candidate with its decode window resolved and its decoding planned."""
+    local, choices = trial.local_batch(gpus), list(choices)
     if trial.data.decode_window_gib == "auto":
         gib, why = (_auto_window(trial, gpus, model, sizes, time, kept, image_bytes)
                     if trial.data.host_batch == "encoded" else (AUTO_WINDOW_CPU_GIB, "decoded host batches"))
         trial = recipe_with(trial, "data", decode_window_gib=gib)
-        trial_choices.append(Choice("data.decode_window_gib", gib, why))
+        choices.append(Choice("data.decode_window_gib", gib, why))
     planned = (decoding(trial, local, time, kept, model.image_size)
                if trial.data.host_batch == "encoded" else None)
-    return _Candidate(trial, tuple(trial_choices), planned, time)
+    return _Candidate(trial, tuple(choices), planned, time)
 
 
 def _balanced_share(recipe: Recipe, local: int, time: StepTime, kept: int, image_size: int) -> float:
@@ -402,19 +421,17 @@ def _balanced_share(recipe: Recipe, local: int, time: StepTime, kept: int, image
     return hybrid_gpu_share(recipe.data, shape.decodes, shape.host_kept)
 
 
-def _balanced_hybrid(recipe: Recipe, gpus: int, model: ModelEstimate, sizes: RankSizes, rates: KernelRates,
+def _balanced_hybrid(recipe: Recipe, gpus: int, model: ModelEstimate, rates: KernelRates, gpus_per_node: int,
                      network: str, encoder_tflops: Optional[float], time: StepTime,
                      kept: int) -> Tuple[Recipe, StepTime, Choice]:
-    """`hybrid`'s `data.gpu_decode_share: auto` once the rows kept on the host are known: the
-    chunks the decode pool keeps are the processes' alone, so the GPU takes more of the others
-    (footprint.hybrid_gpu_share); the step's time again, as the towers' slowdown beside the GPU
-    decoder follows its share."""
+    """`hybrid` at the share that balances its decoders once the rows kept on the host are known
+    (the chunks the decode pool keeps are the processes' alone, so the GPU takes more of the
+    others: footprint.hybrid_gpu_share), with the step's time again (the towers' slowdown beside
+    the GPU decoder follows its share), and the choice that says so."""
     shape = step_shape(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
     share = _balanced_share(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
-    if not shape.host_kept:
-        return recipe, time, Choice("data.gpu_decode_share", round(share, 4), "the GPU's rate over both decoders'")
     recipe = recipe_with(recipe, "data", gpu_decode_share=share)
-    time = step_time(model, recipe, gpus, rates, sizes.gpus_per_node, network, encoder_tflops)
+    time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
     return recipe, time, Choice("data.gpu_decode_share", round(share, 4),
                                 f"both decoders busy alike, the {shape.host_kept:,} rows kept in the decode pool's "
                                 f"window the processes' alone")

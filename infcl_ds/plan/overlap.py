@@ -147,6 +147,14 @@ def _split(rows: int, decoders: Sequence[Decoder]) -> List[int]:
     return [b - a for a, b in zip(edges, edges[1:])]
 
 
+def _batch_rows(shape: StepShape, decoders: Sequence[Decoder]) -> List[int]:
+    """Each decoder's rows of one local batch: the chunks kept in the pool's window the first's
+    alone, the others split by share."""
+    rows = _split(shape.local - shape.host_kept, decoders)
+    rows[0] += shape.host_kept
+    return rows
+
+
 def _split_event(rows: int, decoders: Sequence[Decoder], first_only: bool) -> List[int]:
     """An event's rows per decoder: all the first's where they are its alone, else _split."""
     return [rows] + [0] * (len(decoders) - 1) if first_only else _split(rows, decoders)
@@ -221,7 +229,7 @@ def window_needed(shape: StepShape, decoders: Sequence[Decoder], which: int = 0,
     and at RATE_MARGIN of them. At most two steps' decodes of that decoder (no decoder runs
     further ahead than the next local batch)."""
     decoders = list(decoders)
-    share = _split(shape.local, decoders)[which]
+    share = _batch_rows(shape, decoders)[which]
     top = max(floor, piece * -(-2 * max(1, share) // piece), piece)
     best = floor
     for factor in (1.0, RATE_MARGIN):
@@ -249,7 +257,7 @@ def windows_needed_together(shape: StepShape, decoders: Sequence[Decoder], piece
     than with the largest, at the planned rates and at RATE_MARGIN of them (a hybrid rank's
     chunk starts once both decoders have its rows, so both must run on into the next step)."""
     decoders = list(decoders)
-    shares = _split(shape.local, decoders)
+    shares = _batch_rows(shape, decoders)
     tops = [max(d.window, piece * -(-2 * max(1, share) // piece)) for d, share in zip(decoders, shares)]
 
     def windows(fraction: float) -> List[int]:

@@ -16,23 +16,32 @@ WAIT_WORTH_A_LINE = 0.05
 SHARE_CLOSE_ENOUGH = 0.03
 
 
-def balanced_share(gpu_rows_per_s: float, workers: int, rows_per_process_s: float) -> float:
+def balanced_share(gpu_rows_per_s: float, workers: int, rows_per_process_s: float, share: float = 0.0,
+                   gpu_rows: int = 0, pool_rows: int = 0) -> float:
     """The GPU's share of each chunk with which the GPU decoder and `workers` processes take the
-    same time: both decode their share of every decode of the step, so it is the GPU's share of
-    their summed rate."""
-    return gpu_rows_per_s / (gpu_rows_per_s + workers * rows_per_process_s)
+    same time over a step: its share of their summed rate where both decode their share of every
+    chunk; where the step also had chunks the processes decode alone (those the pool keeps
+    between the passes), counted from the rows each decoded at `share` (footprint's
+    hybrid_gpu_share, with the run's rates and rows), at most 1."""
+    cpu = workers * rows_per_process_s
+    if not (0 < share and gpu_rows and pool_rows):
+        return gpu_rows_per_s / (gpu_rows_per_s + cpu)
+    split = gpu_rows / share  # rows of the chunks both decode
+    alone = max(0.0, pool_rows - (1 - share) * split)
+    return min(1.0, gpu_rows_per_s * (split + alone) / (split * (gpu_rows_per_s + cpu)))
 
 
 def split_advice(share, workers: int, rows_per_process_s: Optional[float], busy_share: Optional[float],
-                 gpu_rows_per_s: Optional[float], wait_s: float, step_s: float) -> Optional[str]:
+                 gpu_rows_per_s: Optional[float], wait_s: float, step_s: float, gpu_rows: int = 0,
+                 pool_rows: int = 0) -> Optional[str]:
     """The line for the log, or None: `hybrid` only (a share strictly between 0 and 1), both rates
     measured, the step waiting at least WAIT_WORTH_A_LINE of its time, and the balanced share
-    SHARE_CLOSE_ENOUGH or more from the run's."""
+    (from the rows each decoder decoded, where given) SHARE_CLOSE_ENOUGH or more from the run's."""
     if not isinstance(share, (int, float)) or not 0 < share < 1 or not workers:
         return None
     if not rows_per_process_s or not gpu_rows_per_s or step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
         return None
-    balanced = balanced_share(gpu_rows_per_s, workers, rows_per_process_s)
+    balanced = balanced_share(gpu_rows_per_s, workers, rows_per_process_s, share, gpu_rows, pool_rows)
     if abs(balanced - share) < SHARE_CLOSE_ENOUGH:
         return None
     pace = "the GPU decoder's share sets the pace" if balanced < share else "the decode processes' share sets the pace"
@@ -55,12 +64,14 @@ class SplitWatch:
         self.said: Optional[str] = None
 
     def step(self, step: int, row: dict) -> Optional[str]:
-        """After a logged step's `row` (metrics.COLUMNS): the line, printed, if it is time for it."""
+        """After a logged step's `row` (metrics.COLUMNS, and the rows each decoder decoded since the
+        last: decode_gpu_rows, decode_pool_rows): the line, printed, if it is time for it."""
         if self.said or self._decoder is None or step <= self._first_step + 1:
             return None
         line = split_advice(self._decoder.gpu_share, len(self._decoder.pids), row.get("decode_rows_per_process_s"),
                             row.get("decode_busy_share"), row.get("decode_gpu_rows_per_s"),
-                            row.get("decode_wait_s") or 0.0, row.get("step_s") or 0.0)
+                            row.get("decode_wait_s") or 0.0, row.get("step_s") or 0.0,
+                            row.get("decode_gpu_rows") or 0, row.get("decode_pool_rows") or 0)
         if line:
             self.said = line
             print(line, file=self._out or sys.stderr, flush=True)

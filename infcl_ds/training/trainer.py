@@ -258,6 +258,8 @@ class Trainer:
                        "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
                        "decode_busy_share": pool.busy_share, "decode_gpu_rows_per_s": gpu_decode.since_last(),
+                       # not logged: the rows behind the rates, for the split's line
+                       "decode_pool_rows": pool.rows, "decode_gpu_rows": gpu_decode.rows,
                        "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.

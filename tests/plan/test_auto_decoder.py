@@ -189,16 +189,16 @@ def test_the_gpu_decoders_window_grows_where_the_step_waits_for_it_taken_from_th
 
 def test_hybrid_keeps_what_the_gpu_cannot_in_the_pools_window_and_balances_its_share():
     """ViT-B-32 at 512k a GPU on 2 x H200 (250 GiB, 32 cores), its towers at 352 TFLOP/s: the GPU
-    keeps what fits, the decode pool's window the rest, so every row is decoded once; the pool's
-    chunks are the processes' alone, and the GPU's share of the others grows to balance them. A
-    shorter step than with those rows decoded in both passes."""
+    keeps rows, the decode pool's window more; the pool's chunks are the processes' alone, and the
+    GPU's share of the others grows to balance them. Fewer decodes and a shorter step than with
+    the rows the GPU does not keep decoded in both passes."""
     recipe = load_recipe(f"{RECIPES}/vit-b16-1m-8gpu.yaml", [
         "model.name=ViT-B-32", "batch.global=1048576", "batch.chunk=auto", "data.decode_workers=auto",
         "data.keep_decoded_gib=auto", "data.decoder=hybrid", "data.gpu_jpeg_library=nvimgcodec"])
     plan = make_plan(recipe, 2, int(139.8 * GIB), 2, 250 * GIB, cores=32, encoder_tflops=352)
     shape = plan.decoding.overlap.shape
-    assert 0 < shape.kept < shape.local and shape.host_kept == shape.local - shape.kept
-    assert shape.decodes == shape.local  # every row once
+    assert 0 < shape.kept < shape.local and shape.host_kept > 0
+    assert shape.decodes == 2 * shape.local - shape.kept - shape.host_kept  # the kept rows once
     data = plan.recipe.data
     assert data.gpu_decode_share > gpu_decode_rate("nvimgcodec") / (gpu_decode_rate("nvimgcodec")
                                                                      + data.decode_workers * DECODE_RATES_PER_WORKER["pil"])
@@ -206,3 +206,17 @@ def test_hybrid_keeps_what_the_gpu_cannot_in_the_pools_window_and_balances_its_s
     twice = make_plan(recipe_with(recipe, "data", keep_decoded_host_gib=0.0), 2, int(139.8 * GIB), 2, 250 * GIB,
                       cores=32, encoder_tflops=352)
     assert twice.decoding.overlap.shape.decodes > shape.decodes and twice.step_seconds > plan.step_seconds
+
+
+def test_hybrid_at_a_share_of_one_still_plans_its_processes_for_the_rows_the_pool_keeps():
+    """data.gpu_decode_share=1 with rows kept in the pool's window: those chunks are the
+    processes', so the plan counts them as a decoder with a window holding the kept rows and a
+    run-ahead beyond them (not the 32 rows of a rank without processes)."""
+    recipe = load_recipe(f"{RECIPES}/vit-b16-1m-8gpu.yaml", [
+        "model.name=ViT-B-32", "batch.global=1048576", "batch.chunk=2048", "data.decode_workers=13",
+        "data.keep_decoded_gib=10", "data.decoder=hybrid", "data.gpu_decode_share=1.0",
+        "data.gpu_jpeg_library=nvimgcodec", "data.gpu_decode_window_gib=8"])
+    plan = make_plan(recipe, 2, int(139.8 * GIB), 2, 250 * GIB, cores=32, encoder_tflops=352)
+    shape, (pool, gpu) = plan.decoding.overlap.shape, plan.decoding.overlap.decoders
+    assert shape.host_kept > 0 and plan.decoding.workers == 13
+    assert pool.share == 0.0 and gpu.share == 1.0 and pool.window > shape.host_kept

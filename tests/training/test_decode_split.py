@@ -76,3 +76,17 @@ def test_the_gpu_decoders_rate_covers_the_rows_since_the_last_reading():
     assert rate.since_last() == pytest.approx(3000.0)
     assert rate.since_last() is None  # nothing decoded since
     assert GpuDecodeRate(None).since_last() is None and GpuDecodeRate(FakeDecoder(lane=False)).since_last() is None
+
+
+def test_with_chunks_the_processes_decode_alone_the_balance_counts_the_rows_each_decoded():
+    """A step whose pool kept chunks between the passes: at share 0.5 the GPU decoded 1,000 rows
+    (so 2,000 rows were split), the processes 1,500 (500 of them alone). At 1,000 rows/s each the
+    GPU takes 2,500 x 1,000 / (2,000 x 2,000) = 0.625 of the split chunks; the plain ratio would
+    say 0.5."""
+    assert balanced_share(1000.0, 4, 250.0) == 0.5
+    assert balanced_share(1000.0, 4, 250.0, share=0.5, gpu_rows=1000, pool_rows=1500) == pytest.approx(0.625)
+    line = split_advice(0.5, 4, 250.0, 0.9, 1000.0, wait_s=10.0, step_s=100.0, gpu_rows=1000, pool_rows=1500)
+    assert "data.gpu_decode_share=0.625" in line and "the decode processes' share sets the pace" in line
+    watch = SplitWatch(FakeDecoder(), first_step=0, out=io.StringIO())
+    said = watch.step(2, {**ROW, "decode_gpu_rows": 1000, "decode_pool_rows": 1500})
+    assert "data.gpu_decode_share=" in said  # the rows reach the advice

@@ -91,6 +91,8 @@ class ChunkDecoder:
       on `device`: both decode each chunk at once, each at its own rate; a chunk the pool keeps
       between the passes (data.keep_decoded_host_gib) by the processes alone.
     The GPU decodes on `gpu_lanes` threads, each with a piece decoder (a stream) of its own.
+    `keeps_on_host`: the batches keep rows in the pool's window between the passes (hybrid then
+    starts its processes even at a share of 1: those chunks are theirs).
     The processes are started here, before any batch exists (sampler.SettableSampler says why),
     and kept for the run, with a window of `window_rows` decoded rows (decode_pool.py); the GPU
     decoder's lane holds up to `lane_window_rows` on the device (device_lane.py).
@@ -100,7 +102,8 @@ class ChunkDecoder:
 
     def __init__(self, transform, seed: int, workers: int, decoder: str = "pil", device="cpu",
                  image_size: Optional[int] = None, window_rows: int = 0, gpu_share: Optional[float] = None,
-                 gpu_jpeg_library: str = "torchvision", lane_window_rows: int = 0, gpu_lanes: int = 1):
+                 gpu_jpeg_library: str = "torchvision", lane_window_rows: int = 0, gpu_lanes: int = 1,
+                 keeps_on_host: bool = False):
         if decoder not in DECODERS:
             raise DataError(f"data.decoder must be one of {DECODERS}, got {shown(decoder)}")
         # The processes' decoder, and the calling process's for a chunk nobody announced.
@@ -115,7 +118,7 @@ class ChunkDecoder:
                                 f"got {shown(gpu_share)}")
             self.lane = DeviceLane([pieces.decode for pieces in lanes], self.gpu.device, lane_window_rows)
         self.pool = None
-        if workers > 0 and decoder != "nvjpeg":  # hybrid's too at a share of 1: the chunks the pool keeps
+        if workers > 0 and (self.gpu_share < 1 or (decoder == "hybrid" and keeps_on_host)):
             if image_size is None:
                 raise ValueError("a decode pool needs the image size (its window's slots)")
             self.pool = DecodePool(self.pieces, workers, window_rows, (3, image_size, image_size))
