@@ -77,18 +77,24 @@ def gpu_decode_towers_slowdown(library: str = "torchvision", lanes: int = 1) -> 
     return float(_DECODE_RATES.get(f"{key}_towers_slowdown", 1.0)) * (more or 1.0)
 
 
-def hybrid_gpu_share(data: DataSection, decodes: int = 0, processes_only: int = 0) -> float:
-    """The GPU's share of each chunk under data.decoder=hybrid: its rate (data.gpu_jpeg_library,
-    data.gpu_decode_lanes) over the rate of the GPU and data.decode_workers PIL processes
-    together, so both finish a chunk at once. Where `processes_only` of a step's `decodes` are
-    the processes' alone (the chunks the decode pool keeps between the passes), the share of the
-    other chunks with which both finish the step at once, at most 1."""
-    gpu = gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes)
-    cpu = data.decode_workers * DECODE_RATES_PER_WORKER["pil"]
+def balanced_gpu_share(gpu_rate: float, cpu_rate: float, decodes: float = 0, processes_only: float = 0) -> float:
+    """The GPU's share of each chunk with which the GPU decoder (`gpu_rate` rows/s) and the decode
+    processes (`cpu_rate` together) finish at once: its share of their summed rate; where
+    `processes_only` of a step's `decodes` are the processes' alone (the chunks the decode pool
+    keeps between the passes), the share of the other chunks with which both finish the step at
+    once, at most 1."""
     if not 0 < processes_only < decodes:
-        return gpu / (gpu + cpu)
+        return gpu_rate / (gpu_rate + cpu_rate)
     # share * split / gpu = ((1 - share) * split + processes_only) / cpu, split = decodes - processes_only
-    return min(1.0, gpu * decodes / ((decodes - processes_only) * (gpu + cpu)))
+    return min(1.0, gpu_rate * decodes / ((decodes - processes_only) * (gpu_rate + cpu_rate)))
+
+
+def hybrid_gpu_share(data: DataSection, decodes: int = 0, processes_only: int = 0) -> float:
+    """The GPU's share of each chunk under data.decoder=hybrid (balanced_gpu_share) at the
+    planned rates: the GPU decoder's (data.gpu_jpeg_library, data.gpu_decode_lanes) and
+    data.decode_workers PIL processes'."""
+    return balanced_gpu_share(gpu_decode_rate(data.gpu_jpeg_library, data.gpu_decode_lanes),
+                              data.decode_workers * DECODE_RATES_PER_WORKER["pil"], decodes, processes_only)
 
 
 def gpu_decode_share(data: DataSection) -> float:

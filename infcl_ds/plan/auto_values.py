@@ -429,7 +429,7 @@ def _balanced_hybrid(recipe: Recipe, gpus: int, model: ModelEstimate, rates: Ker
     others: footprint.hybrid_gpu_share), with the step's time again (the towers' slowdown beside
     the GPU decoder follows its share), and the choice that says so."""
     shape = step_shape(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
-    share = _balanced_share(recipe, recipe.local_batch(gpus), time, kept, model.image_size)
+    share = hybrid_gpu_share(recipe.data, shape.decodes, shape.host_kept)
     recipe = recipe_with(recipe, "data", gpu_decode_share=share)
     time = step_time(model, recipe, gpus, rates, gpus_per_node, network, encoder_tflops)
     return recipe, time, Choice("data.gpu_decode_share", round(share, 4),

@@ -10,6 +10,8 @@ run's own rates are the better guide, and the user the one to set them.
 import sys
 from typing import Optional
 
+from ..data.footprint import balanced_gpu_share
+
 # The step's share spent waiting for decoded rows below which the split is not worth a line.
 WAIT_WORTH_A_LINE = 0.05
 # A share this close to the measured one is left alone: rates move by more from step to step.
@@ -18,17 +20,15 @@ SHARE_CLOSE_ENOUGH = 0.03
 
 def balanced_share(gpu_rows_per_s: float, workers: int, rows_per_process_s: float, share: float = 0.0,
                    gpu_rows: int = 0, pool_rows: int = 0) -> float:
-    """The GPU's share of each chunk with which the GPU decoder and `workers` processes take the
-    same time over a step: its share of their summed rate where both decode their share of every
-    chunk; where the step also had chunks the processes decode alone (those the pool keeps
-    between the passes), counted from the rows each decoded at `share` (footprint's
-    hybrid_gpu_share, with the run's rates and rows), at most 1."""
+    """footprint.balanced_gpu_share at the run's rates; where the step also had chunks the
+    processes decode alone (those the pool keeps between the passes), those rows counted from the
+    rows each decoder decoded at `share`."""
     cpu = workers * rows_per_process_s
     if not (0 < share and gpu_rows and pool_rows):
-        return gpu_rows_per_s / (gpu_rows_per_s + cpu)
+        return balanced_gpu_share(gpu_rows_per_s, cpu)
     split = gpu_rows / share  # rows of the chunks both decode
     alone = max(0.0, pool_rows - (1 - share) * split)
-    return min(1.0, gpu_rows_per_s * (split + alone) / (split * (gpu_rows_per_s + cpu)))
+    return balanced_gpu_share(gpu_rows_per_s, cpu, split + alone, alone)
 
 
 def split_advice(share, workers: int, rows_per_process_s: Optional[float], busy_share: Optional[float],
