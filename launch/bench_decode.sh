@@ -19,8 +19,7 @@
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
 # ViT-B-32 planned at its own measured tower rate: measured and calibrated in the command that starts
 # the run (a later command's checkout replaces the calibration written here), then waited for:
-#   OUT=/tmp/vs bash launch/bench_vs_open_clip.sh b32 b32-compiled && python3 -m infcl_ds.plan.calibrate \
-#     --write --compiled /tmp/vs/vs_open_clip.json && HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m
+#   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-rates b32-2m && bash launch/bench_scale.sh wait 300
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
 # The one-GPU parts at once, each on a GPU of its own (PART@GPU, or PART+PART@GPU one after
 # another) and that GPU's share of the cores
@@ -131,6 +130,13 @@ while [ $# -gt 0 ]; do
     l14-4cores) make_shards; one_gpu_steps 4 ViT-L-14 16k "$part" ;;
     zeroshot) on_gpu python3 -m infcl_ds.cli bench decoders --decoders pil,nvjpeg --seeds 0,1 \
                 --gpu-jpeg-library nvimgcodec --out "$out/decoder_zeroshot.json" ;;
+    # ViT-B-32's eager and compiled tower rates (64k, one GPU), its planner entry written from them:
+    # the runs after it in the same command plan at its own rate; the rows to $out/vs_open_clip-b32.json
+    b32-rates) make_shards & made=$!
+               OUT=$work/vs bash launch/bench_vs_open_clip.sh b32 b32-compiled
+               python3 -m infcl_ds.plan.calibrate --write --compiled "$work/vs/vs_open_clip.json"
+               cp "$work/vs/vs_open_clip.json" "$out/vs_open_clip-b32.json"
+               wait $made ;;
     b32-2m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m ;;
     b32-1m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start two-gpu-b32-1m ;;
     steps) steps_from=$(printf '%s,' "$out"/decode_steps-*.json)

@@ -12,7 +12,7 @@
 # planner (--chunk auto); open_clip_train at --local-loss --gather-with-grad --accum-freq K.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source launch/gpu_host.sh  # the carried wheels on a lent GPU machine
 out=${OUT:-docs/benchmarks}/vs_open_clip.json
 bench() { python3 -m infcl_ds.cli bench train --world 1 --chunk auto --steps 2 --append --out "$out" "$@"; }
 [ $# -gt 0 ] || { echo "usage: $0 PART... (b16 b16-compiled b16-open-clip-train b16-zero3 b16-zero3-profile l14 l14-compiled l14-open-clip-train l14-open-clip-train-compiled b16-open-clip-train-compiled l14-float8 b16-float8 b16-256k b16-256k-open-clip-train b32 b32-compiled)" >&2; exit 2; }
