@@ -1,8 +1,14 @@
 """PNG plots of benchmark JSON: time and memory against batch size, log-log."""
 import json
+import re
 from pathlib import Path
 
 from .harness import as_current
+
+
+def short_commit(commit: str) -> str:
+    """A hash as git abbreviates it (rows carry the full one); anything else as written."""
+    return commit[:7] if re.fullmatch(r"[0-9a-f]{8,40}", commit) else commit
 
 
 def pyplot():
@@ -185,7 +191,9 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
         # a --set key by its last name ("float8" for model.float8=true), with its value unless true
         extra = "".join(f", {key.split('.')[-1]}" + ("" if value.lower() == "true" else f"={value}")
                         for key, _, value in (item.partition("=") for item in r.get("set", ())))
-        data = f", {r['data']}" + (f" ({r['decoder']})" if r.get("decoder") else "") if r.get("data") else ""
+        # synthetic data is the default row of this file; only another source is named
+        data = (f", {r['data']}" + (f" ({r['decoder']})" if r.get("decoder") else "")
+                if r.get("data") not in (None, "synthetic") else "")
         return f"{r['impl']} {'compiled' if r.get('compile') else 'eager'}{zero}{extra}{data}"
     configs = sorted({label(r) for r in rows})
     colors = plt.get_cmap("tab10")
@@ -209,7 +217,7 @@ def plot_train_configurations(json_path: Path, png_path: Path) -> None:
     ax.set_xticklabels([f"{m}\nB={b:,}" for m, b in groups])
     ax.set_ylabel("samples / s (steady steps)")
     meta = data["meta"]
-    commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit"))) or meta.get("commit", "")
+    commits = ", ".join(dict.fromkeys(short_commit(r["commit"]) for r in rows if r.get("commit"))) or meta.get("commit", "")
     ax.set_title(f"Trainers on {meta.get('device', '')}, commits {commits}")  # rows keep their own
     save(fig, png_path)
 
@@ -262,7 +270,7 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
     axes[3].xaxis.get_major_locator().set_params(integer=True)
     if axes[3].has_data():
         axes[3].legend(fontsize=8)
-    commits = ", ".join(dict.fromkeys(r["commit"] for r in rows if r.get("commit")))
+    commits = ", ".join(dict.fromkeys(short_commit(r["commit"]) for r in rows if r.get("commit")))
     models = " and ".join(dict.fromkeys(r["model"] for r in rows if r.get("model")))
     fig.suptitle(f"{models} from JPEG shards through launch/train.sh; commits {commits}")
     save(fig, png_path)

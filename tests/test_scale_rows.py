@@ -86,3 +86,21 @@ def test_the_scale_plot_draws_this_engines_rows_beside_open_clip_trains(tmp_path
     path.write_text(json.dumps({"meta": {}, "rows": [engine, trainer]}))
     plot_scale(path, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_a_part_run_with_other_overrides_is_a_row_of_its_own_and_a_rerun_replaces_its_own(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks.plot
+    from benchmarks.scale import Setup, save
+    monkeypatch.setattr(benchmarks.plot, "plot_scale", lambda *a: None)
+    b32 = {**row("two-gpu-b32-1m", 6400.0, "a"), "set": []}
+    four_lanes = {**b32, "samples_per_s": 7000.0, "set": ["data.gpu_decode_lanes=4"]}
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"meta": {}, "rows": [b32, four_lanes]}))
+    setup = Setup("cuda", tmp_path, tmp_path, out, [])
+    rows = save(setup, [{**row("four-gpu-b32-2m", 12600.0, "b"), "set": []}])
+    assert [(r["part"], r["samples_per_s"]) for r in rows] == [  # in the parts' order
+        ("four-gpu-b32-2m", 12600.0), ("two-gpu-b32-1m", 6400.0), ("two-gpu-b32-1m", 7000.0)]
+    rows = save(setup, [{**b32, "samples_per_s": 6500.0, "commit": "c"}])
+    assert sorted(r["samples_per_s"] for r in rows if r["part"] == "two-gpu-b32-1m") == [6500.0, 7000.0]
