@@ -18,6 +18,7 @@ Parts, run in the order given (a part's rows replace that part's rows in --out, 
                    64k, 3 steps, the seed and shards of one-node-64k: the losses compared with its
                    row, the run directory with its run's
   resume-one-node  two-nodes-64k's run resumed by one launcher with 2 GPUs for 1 more step
+  (and the four-GPU and ViT-B-32 parts of PARTS below, each with its comment)
 
 Every run starts `launch/train.sh` (data check, planner, DeepSpeed's launcher) in a process
 session of its own under --work. While it runs, every second: the host memory its processes
@@ -108,6 +109,10 @@ PARTS = {p.name: p for p in (
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
     # the same load per GPU on a two-GPU host: a rank's step as on four, a ring of two
     Part("two-gpu-b32-1m", 1024 * 1024, 256, 2, 1, 2, model="ViT-B-32",
+         sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
+    # one GPU with all its machine's cores, long enough for `auto`'s split to move to the run's own
+    # rates after step 2 and for step 4's batch, the first assembled after the move, to show it
+    Part("one-gpu-b32-128k", 128 * 1024, 32, 1, 1, 5, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
 )}
 
@@ -492,6 +497,10 @@ def step_figures(steps: List[dict], batch: int) -> dict:
             "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
             # the share of each timed step rank 0's decode processes spent decoding (near 1: they bind)
             "decode_busy_shares": [round(s["decode_busy_share"], 3) for s in timed if "decode_busy_share" in s],
+            # rank 0's GPU decoder: its rows per second of busy time, and its share of each step's chunks
+            # (`hybrid`: data.gpu_decode_share auto moves it to the step's rates)
+            "decode_gpu_rows_per_s": [round(s["decode_gpu_rows_per_s"]) for s in steps if "decode_gpu_rows_per_s" in s],
+            "decode_gpu_shares": [round(s["decode_gpu_share"], 4) for s in steps if "decode_gpu_share" in s],
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}
 
 

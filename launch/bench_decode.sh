@@ -17,6 +17,8 @@
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
+#   bash launch/bench_decode.sh b32-128k   # ViT-B-32 at 128k on a one-GPU machine, 5 steps: auto's split
+#                                          #  moved to the run's own rates (then bench_scale.sh wait)
 # ViT-B-32 planned at its own measured tower rate: measured and calibrated in the command that starts
 # the run (a later command's checkout replaces the calibration written here), then waited for:
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-rates b32-2m && bash launch/bench_scale.sh wait 300
@@ -139,6 +141,7 @@ while [ $# -gt 0 ]; do
                wait $made ;;
     b32-2m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m ;;
     b32-1m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start two-gpu-b32-1m ;;
+    b32-128k) SCALE_OUT=$scale_out bash launch/bench_scale.sh start one-gpu-b32-128k ;;
     steps) steps_from=$(printf '%s,' "$out"/decode_steps-*.json)
            python3 -m benchmarks.decode --steps-from "$steps_from$scale_out" --out "$out/decode.json" ;;
     calibrate) python3 -m infcl_ds.plan.calibrate --decode "$work/rows/decode.json" ;;

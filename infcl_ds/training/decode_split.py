@@ -1,16 +1,17 @@
-"""`hybrid`'s split measured: where the step waited for decoded rows and the rates this host
-showed would split each chunk otherwise, a line that says which `data.gpu_decode_share` would
-let both decoders finish together.
+"""`hybrid`'s split measured: each step's own rates say which share of each chunk the GPU
+decoder should take so that both decoders finish together.
 
-The split is fixed for the run (a row is decoded by the same decoder in both passes and at a
-resume: the pixels of the two passes must match), and `auto` takes it from rates measured on
-other hosts; a decode process's rate differs from host to host (178-253 rows/s measured), so the
-run's own rates are the better guide, and the user the one to set them.
+`auto` starts from the planner's share, whose rates were measured on other hosts (a decode
+process's rate differs from host to host: 178-253 rows/s measured). With `data.gpu_decode_share:
+auto` each rank moves its split to what its own rates balance, for the batches assembled after
+the step (a batch keeps its split: a row is decoded by the same decoder in both passes). A share
+the user set stays, and rank 0 says once which share would balance this host.
 """
 import sys
 from typing import Optional
 
 from ..data.footprint import balanced_gpu_share
+from .metrics import GpuDecodeRate, PoolRate
 
 # The step's share spent waiting for decoded rows below which the split is not worth a line.
 WAIT_WORTH_A_LINE = 0.05
@@ -53,26 +54,44 @@ def split_advice(share, workers: int, rows_per_process_s: Optional[float], busy_
 
 
 class SplitWatch:
-    """Rank 0's watch on `hybrid`'s split: the line of split_advice at most once a run, from the
-    second step it trains on (the first starts the decoders and compiles)."""
+    """A rank's watch on `hybrid`'s split, from the second step it trains on (the first starts the
+    decoders and compiles): each step's rates read from the decoders themselves. `rebalance`
+    (data.gpu_decode_share auto): where the step waited WAIT_WORTH_A_LINE or more of its time and
+    the balanced share is SHARE_CLOSE_ENOUGH or more from the current one, the split moves to it;
+    `speaks` (rank 0) says so each time. Else rank 0 prints split_advice's line once."""
 
-    def __init__(self, decoder, first_step: int, out=None):
-        both = decoder is not None and getattr(decoder, "pool", None) is not None and decoder.lane is not None
-        self._decoder = decoder if both else None
+    def __init__(self, decoder, first_step: int, rebalance: bool = False, speaks: bool = True, out=None):
+        self._decoder = decoder if decoder is not None and getattr(decoder, "splits", False) else None
         self._first_step = first_step
-        self._out = out
+        self._rebalance, self._speaks, self._out = rebalance, speaks, out
+        self._pool, self._gpu = PoolRate(self._decoder), GpuDecodeRate(self._decoder)
         self.said: Optional[str] = None
 
-    def step(self, step: int, row: dict) -> Optional[str]:
-        """After a logged step's `row` (metrics.COLUMNS, and the rows each decoder decoded since the
-        last: decode_gpu_rows, decode_pool_rows): the line, printed, if it is time for it."""
-        if self.said or self._decoder is None or step <= self._first_step + 1:
+    def step(self, step: int, batch_share: Optional[float], wait_s: float, step_s: float) -> Optional[str]:
+        """After step `step`, which trained a batch split at `batch_share`, waited `wait_s` for
+        decoded rows and took `step_s`: the line said, if any."""
+        if self._decoder is None:
             return None
-        line = split_advice(self._decoder.gpu_share, len(self._decoder.pids), row.get("decode_rows_per_process_s"),
-                            row.get("decode_busy_share"), row.get("decode_gpu_rows_per_s"),
-                            row.get("decode_wait_s") or 0.0, row.get("step_s") or 0.0,
-                            row.get("decode_gpu_rows") or 0, row.get("decode_pool_rows") or 0)
-        if line:
+        per_process, gpu_rate = self._pool.since_last(), self._gpu.since_last()
+        if step <= self._first_step + 1 or batch_share is None:
+            return None
+        workers, current = len(self._decoder.pids), self._decoder.gpu_share
+        if not self._rebalance:
+            if self.said:
+                return None
+            line = split_advice(batch_share, workers, per_process, self._pool.busy_share, gpu_rate, wait_s, step_s,
+                                self._gpu.rows, self._pool.rows)
+        else:
+            if not per_process or not gpu_rate or step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
+                return None
+            balanced = balanced_share(gpu_rate, workers, per_process, batch_share, self._gpu.rows, self._pool.rows)
+            if abs(balanced - current) < SHARE_CLOSE_ENOUGH:
+                return None
+            self._decoder.set_gpu_share(balanced)
+            line = (f"decoding: step {step} waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows; at its rates "
+                    f"({workers} processes x {per_process:,.0f} rows/s, the GPU decoder {gpu_rate:,.0f} rows/s) "
+                    f"data.gpu_decode_share {current:.3f} -> {balanced:.3f} (auto) from the next batch assembled")
+        if line and self._speaks:
             self.said = line
             print(line, file=self._out or sys.stderr, flush=True)
         return line

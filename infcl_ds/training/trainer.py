@@ -213,8 +213,9 @@ class Trainer:
         deepspeed_engine = self.engine.deepspeed
         results, start = {}, self.step
         pool, gpu_decode = PoolRate(self.data.decoder), GpuDecodeRate(self.data.decoder)
-        # rank 0: a line where this host's decode rates would split hybrid's chunks otherwise
-        split_watch = SplitWatch(self.data.decoder, start) if self.rank == 0 else None
+        # hybrid's split against this rank's own rates: moved (data.gpu_decode_share auto) or advised
+        split_watch = SplitWatch(self.data.decoder, start, rebalance=r.data.gpu_decode_share == "auto",
+                                 speaks=self.rank == 0)
         self.engine.phases.events = True  # each phase's time in metrics.csv, without synchronising
         # a line a minute on rank 0 while a step (with its wait for the batch) runs longer
         heartbeat = StepHeartbeat() if self.rank == 0 else None
@@ -242,6 +243,7 @@ class Trainer:
             # An encoded batch finds its undecodable images during the step (data/decoding/encoded.py).
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
+            batch_share = getattr(batch, "gpu_share", None)
             host_bytes = batch.nbytes / len(batch)
             # Dropped before the next is asked for: the data thread fills the next batch while
             # this one trains, so a rank holds two local batches, not three.
@@ -249,6 +251,7 @@ class Trainer:
             self.step += 1
             now = time.perf_counter()
             seconds, lap = now - lap, now
+            split_watch.step(self.step, batch_share, decode_wait, seconds)
             if self.step % r.logging.every == 0 or self.step == r.schedule.steps:
                 row = {"step": self.step, "epoch": self.data.state_dict()["epoch"], "loss": loss.item(),
                        "lr": lr, "logit_scale": self._logit_scale(),
@@ -258,16 +261,13 @@ class Trainer:
                        "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
                        "decode_busy_share": pool.busy_share, "decode_gpu_rows_per_s": gpu_decode.since_last(),
-                       # not logged: the rows behind the rates, for the split's line
-                       "decode_pool_rows": pool.rows, "decode_gpu_rows": gpu_decode.rows,
+                       "decode_gpu_share": batch_share,
                        "host_bytes_per_sample": host_bytes,
                        # torch.compile's graphs so far (model.compile): flat after step 1, or
                        # something recompiles.
                        "graphs_compiled": graphs_compiled()}
                 logger.log_step(row)
                 self._show(bar, row)
-                if split_watch is not None:
-                    split_watch.step(self.step, row)
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:
                 self.phase = f"evaluation at step {self.step}"
                 logger.log_eval(self.step, self.evaluate())

@@ -162,7 +162,7 @@ def test_decoding_rate_binds_the_step(rates, capsys):
                  "--set", "data.keep_decoded_host_gib=0"]) == 0
     out = capsys.readouterr().out
     assert "decoding binds: a steady step waits " in out
-    assert f"    - {decoding.workers_needed()} decode processes a rank (" in out
+    assert f"    - {decoding.workers_needed()} decode processes a rank " in out
     # Chunks kept decoded on the GPU between the passes are decoded once: the recipe keeps all.
     kept = make_plan(load_recipe(RECIPES / "vit-b32-512k-1gpu.yaml"), 1, 139 * GIB, 1, 128 * GIB, rates=rates)
     assert kept.decoding.needed == pytest.approx(524_288 / kept.time.total)

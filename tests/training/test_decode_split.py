@@ -1,5 +1,6 @@
-"""training/decode_split.py: the line that says which data.gpu_decode_share would let `hybrid`'s
-two decoders finish together at the rates the run measured, and training/metrics.GpuDecodeRate."""
+"""training/decode_split.py: the share of each chunk that lets `hybrid`'s two decoders finish
+together at the rates the run measured, taken by `auto` and said for a share the user set; and
+training/metrics.GpuDecodeRate."""
 import io
 
 import pytest
@@ -41,31 +42,84 @@ def test_no_line_where_the_split_is_not_what_the_step_waits_on_or_a_rate_is_miss
 
 
 class FakeDecoder:
-    def __init__(self, pool=True, lane=True):
+    """ChunkDecoder's side the watch reads: cumulative (rows, busy seconds) of each decoder."""
+
+    def __init__(self, pool=True, lane=True, share=0.575):
         self.pool, self.lane = (object() if pool else None), (object() if lane else None)
-        self.gpu_share, self.pids = 0.575, list(range(13))
-        self.lane_totals = (0, 0.0)
+        self.gpu_share, self.pids = share, list(range(13))
+        self.pool_totals, self.lane_totals = (0, 0.0), (0, 0.0)
+        self.moves = []
+
+    @property
+    def splits(self):
+        return self.pool is not None and self.lane is not None
+
+    def set_gpu_share(self, share):
+        self.moves.append(share)
+        self.gpu_share = share
+
+    def pool_rate(self):
+        return self.pool_totals
 
     def lane_rate(self):
         return self.lane_totals
 
+    def decode(self, rows, per_process=234.0, gpu=2790.0, share=None, alone=0):
+        """A step's decoding: `rows` split at `share` (default: the current one), and `alone` more
+        rows the processes decode alone, each decoder at its rate (a process's: rows over its own
+        busy seconds)."""
+        gpu_rows = round(rows * (self.gpu_share if share is None else share))
+        pool_rows = rows - gpu_rows + alone
+        done, busy = self.pool_totals
+        self.pool_totals = (done + pool_rows, busy + pool_rows / per_process)
+        done, busy = self.lane_totals
+        self.lane_totals = (done + gpu_rows, busy + gpu_rows / gpu)
 
-ROW = {"decode_rows_per_process_s": 234.0, "decode_busy_share": 0.68, "decode_gpu_rows_per_s": 2790.0,
-       "decode_wait_s": 70.9, "step_s": 163.4}
+
+STEP = dict(wait_s=70.9, step_s=163.4)
 
 
-def test_the_watch_says_it_once_and_not_on_the_runs_first_step():
-    out = io.StringIO()
-    watch = SplitWatch(FakeDecoder(), first_step=10, out=out)  # a run resumed at step 10
-    assert watch.step(11, ROW) is None  # its first step: the decoders start, the towers compile
-    assert "data.gpu_decode_share=0.478" in watch.step(12, ROW)
-    assert watch.step(13, ROW) is None
-    assert out.getvalue().count("decoding:") == 1
+def test_a_set_share_gets_the_line_once_and_not_on_the_runs_first_step():
+    out, decoder = io.StringIO(), FakeDecoder()
+    watch = SplitWatch(decoder, first_step=10, out=out)  # a run resumed at step 10, its share set
+    decoder.decode(500_000)
+    assert watch.step(11, 0.575, **STEP) is None  # its first step: the decoders start, the towers compile
+    decoder.decode(500_000)
+    assert "data.gpu_decode_share=0.478" in watch.step(12, 0.575, **STEP)
+    decoder.decode(500_000)
+    assert watch.step(13, 0.575, **STEP) is None
+    assert out.getvalue().count("decoding:") == 1 and not decoder.moves
+
+
+def test_auto_moves_every_ranks_split_to_its_own_rates_and_rank_0_says_so():
+    out, decoder = io.StringIO(), FakeDecoder(share=0.953)
+    watch = SplitWatch(decoder, first_step=0, rebalance=True, out=out)
+    quiet_decoder = FakeDecoder(share=0.953)
+    quiet = SplitWatch(quiet_decoder, first_step=0, rebalance=True, speaks=False, out=out)
+    for step in (1, 2):  # ViT-B-32 at 512k a GPU on 4 x H200: 13 processes x 199 rows/s, the GPU 2,105
+        for d in (decoder, quiet_decoder):
+            d.decode(600_000, per_process=199.0, gpu=2105.0)
+        line = watch.step(step, 0.953, 39.9, 159.8)
+        quiet.step(step, 0.953, 39.9, 159.8)
+    balanced = 2105 / (2105 + 13 * 199.0)
+    assert decoder.moves == pytest.approx([balanced], abs=1e-3) and quiet_decoder.moves == decoder.moves
+    assert "data.gpu_decode_share 0.953 -> 0.449 (auto)" in line and out.getvalue().count("decoding:") == 1
+    # the next batch was assembled before the move: its step measures the same rates, and nothing moves
+    decoder.decode(600_000, per_process=199.0, gpu=2105.0, share=0.953)
+    assert watch.step(3, 0.953, 30.0, 150.0) is None and len(decoder.moves) == 1
+    # a step that hardly waited leaves the split where it is, whatever its rates say
+    decoder.decode(600_000, per_process=400.0, gpu=2105.0)
+    assert watch.step(4, decoder.gpu_share, 0.04 * 120.0, 120.0) is None and len(decoder.moves) == 1
+    # rates that moved: the split follows
+    decoder.decode(600_000, per_process=120.0, gpu=2105.0)
+    assert watch.step(5, decoder.gpu_share, 20.0, 130.0) is not None and len(decoder.moves) == 2
+    assert decoder.gpu_share == pytest.approx(2105 / (2105 + 13 * 120.0), abs=1e-3)
 
 
 @pytest.mark.parametrize("decoder", [None, FakeDecoder(pool=False), FakeDecoder(lane=False)])
-def test_the_watch_is_silent_without_both_decoders(decoder):
-    assert SplitWatch(decoder, first_step=0, out=io.StringIO()).step(5, ROW) is None
+@pytest.mark.parametrize("rebalance", [False, True])
+def test_the_watch_is_silent_without_both_decoders(decoder, rebalance):
+    assert SplitWatch(decoder, first_step=0, rebalance=rebalance, out=io.StringIO()).step(5, 0.5, **STEP) is None
 
 
 def test_the_gpu_decoders_rate_covers_the_rows_since_the_last_reading():
@@ -87,6 +141,10 @@ def test_with_chunks_the_processes_decode_alone_the_balance_counts_the_rows_each
     assert balanced_share(1000.0, 4, 250.0, share=0.5, gpu_rows=1000, pool_rows=1500) == pytest.approx(0.625)
     line = split_advice(0.5, 4, 250.0, 0.9, 1000.0, wait_s=10.0, step_s=100.0, gpu_rows=1000, pool_rows=1500)
     assert "data.gpu_decode_share=0.625" in line and "the decode processes' share sets the pace" in line
-    watch = SplitWatch(FakeDecoder(), first_step=0, out=io.StringIO())
-    said = watch.step(2, {**ROW, "decode_gpu_rows": 1000, "decode_pool_rows": 1500})
-    assert "data.gpu_decode_share=" in said  # the rows reach the advice
+    decoder = FakeDecoder(share=0.5)
+    decoder.pids = list(range(4))
+    watch = SplitWatch(decoder, first_step=0, out=io.StringIO())
+    for step in (1, 2):  # the rows each decoder decoded reach the advice
+        decoder.decode(2000, per_process=250.0, gpu=1000.0, alone=500)
+        said = watch.step(step, 0.5, 10.0, 100.0)
+    assert "data.gpu_decode_share=0.625" in said

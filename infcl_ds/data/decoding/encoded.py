@@ -89,7 +89,9 @@ class ChunkDecoder:
       no processes;
     - "hybrid": the first rows of each chunk by the PIL processes, the last `gpu_share` of them
       on `device`: both decode each chunk at once, each at its own rate; a chunk the pool keeps
-      between the passes (data.keep_decoded_host_gib) by the processes alone.
+      between the passes (data.keep_decoded_host_gib) by the processes alone. Each batch splits
+      at the share it was assembled with (both its passes alike); set_gpu_share moves the split
+      of the batches assembled after it.
     The GPU decodes on `gpu_lanes` threads, each with a piece decoder (a stream) of its own.
     `keeps_on_host`: the batches keep rows in the pool's window between the passes (hybrid then
     starts its processes even at a share of 1: those chunks are theirs).
@@ -131,12 +133,30 @@ class ChunkDecoder:
         self._serials = itertools.count()
         self._closed = None
 
-    def split(self, lo: int, hi: int, host_kept: bool = False) -> Tuple[List[Span], Optional[Span]]:
-        """Rows [lo, hi) as (the processes' pieces, the device's rows or None). A function of
-        the chunk and the batch's kept rows alone: a row is decoded by the same decoder in both
-        passes and at a resume. A chunk the pool keeps between the passes (`host_kept`:
-        host_keeps) is the processes' alone, so that none of it is decoded twice."""
-        gpu_rows = 0 if host_kept and self.pool is not None else round((hi - lo) * self.gpu_share)
+    @property
+    def splits(self) -> bool:
+        """Both decoders at work (`hybrid` with its processes): the split can move."""
+        return self.pool is not None and self.lane is not None
+
+    def set_gpu_share(self, share: float) -> None:
+        """The GPU's share of each chunk for the batches assembled from now on (a batch keeps the
+        share it was assembled with: both its passes decode a row alike)."""
+        if not self.splits:
+            raise ValueError("the GPU's share moves only where both decoders run (data.decoder=hybrid "
+                             "with decode processes)")
+        if not 0 <= share <= 1:
+            raise ValueError(f"a GPU share is from 0 to 1, got {share}")
+        self.gpu_share = float(share)
+
+    def split(self, lo: int, hi: int, host_kept: bool = False,
+              share: Optional[float] = None) -> Tuple[List[Span], Optional[Span]]:
+        """Rows [lo, hi) as (the processes' pieces, the device's rows or None), at the batch's
+        `share` (default: the current one). A function of the chunk, the batch's kept rows and its
+        share alone: a row is decoded by the same decoder in both passes. A chunk the pool keeps
+        between the passes (`host_kept`: host_keeps) is the processes' alone, so that none of it
+        is decoded twice."""
+        share = self.gpu_share if share is None else share
+        gpu_rows = 0 if host_kept and self.pool is not None else round((hi - lo) * share)
         cut = hi - gpu_rows
         return _cut(lo, cut), ((cut, hi) if gpu_rows else None)
 
@@ -145,11 +165,13 @@ class ChunkDecoder:
         the `host_keep_rows` after the `keep_rows` the device keeps, with decode processes."""
         return self.pool is not None and keep_rows < hi <= keep_rows + host_keep_rows
 
-    def pieces_in(self, passes, keep_rows: int, host_keep_rows: int = 0) -> Tuple[List[tuple], List[Span]]:
+    def pieces_in(self, passes, keep_rows: int, host_keep_rows: int = 0,
+                  share: Optional[float] = None) -> Tuple[List[tuple], List[Span]]:
         """The engine's `passes` as the processes' pieces ((lo, hi, uses)) and the device's rows,
         in the order they are first taken; a chunk kept on the device between passes (within
         `keep_rows`) once, and one the pool keeps for the next pass (the `host_keep_rows` after
-        those, decoded by the processes alone) once, taken as often as it is asked."""
+        those, decoded by the processes alone) once, taken as often as it is asked; each chunk
+        split at `share` (split's)."""
         asked = Counter((lo, hi) for chunks in passes for lo, hi in chunks)
         seen, pieces, on_device = set(), [], []
         for chunks in passes:
@@ -158,7 +180,7 @@ class ChunkDecoder:
                 if (lo, hi) in seen and (hi <= keep_rows or on_host):
                     continue  # served again from the device, or from the pool's window
                 seen.add((lo, hi))
-                cpu, gpu = self.split(lo, hi, on_host)
+                cpu, gpu = self.split(lo, hi, on_host, share)
                 pieces += [(a, b, asked[(lo, hi)] if on_host else 1) for a, b in cpu]
                 on_device += [gpu] if gpu else []
         return pieces, on_device
@@ -203,7 +225,7 @@ class ChunkDecoder:
 
     def _announce(self, batch: "EncodedBatch", serial: int, passes) -> None:
         """`passes` announced to the queues for `batch`; the same pieces again keep what they decoded."""
-        announced = self.pieces_in(passes, batch.keep_rows, batch.host_keep_rows)
+        announced = self.pieces_in(passes, batch.keep_rows, batch.host_keep_rows, batch.gpu_share)
         with self._lock:
             if self._announced.get(serial) == announced:
                 return
@@ -280,6 +302,7 @@ class EncodedBatch:
         self.chunks_announced = 0
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
         self._counted = set()
+        self.gpu_share = decoder.gpu_share  # this batch's split, whatever the decoder's moves to
         self.serial = decoder.register(self)
 
     def __len__(self) -> int:
@@ -317,7 +340,7 @@ class EncodedBatch:
 
     def _decoded(self, lo: int, hi: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         pieces, on_device = self.decoder.split(lo, hi, self.decoder.host_keeps(lo, hi, self.keep_rows,
-                                                                               self.host_keep_rows))
+                                                                               self.host_keep_rows), self.gpu_share)
         images, rows = None, {}
         if on_device is not None:  # first: the processes go on decoding their rows meanwhile
             a, b = on_device

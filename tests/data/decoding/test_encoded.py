@@ -285,3 +285,30 @@ def test_hybrid_chunks_kept_in_the_pools_window_are_the_processes_alone_and_deco
     assert batch.decoder.lane_rate()[0] == 3 + 2 * 3  # the GPU's rows: 7-9 once, 37-39 in both passes
     assert batch.decoder.pool_rate()[0] == 7 + 20 + 2 * 7
     batch.decoder.close()
+
+
+def test_a_moved_hybrid_split_reaches_only_the_batches_assembled_after_it(shard, tokenizer):
+    """ChunkDecoder.set_gpu_share (the trainer's `auto` split, training/decode_split.py): a batch
+    assembled before keeps its split in both passes; one assembled after splits at the new share."""
+    data = pool_data(shard, tokenizer, local_batch=SAMPLES // 4, decoder="hybrid", gpu_decode_share=0.3)
+    batches = iter(data)
+    early = next(batches)
+    decoder = early.decoder
+    decoder.set_gpu_share(0.6)
+    next(batches)  # assembled while the first was taken: either share
+    late = next(batches)  # assembled after the second was taken, so after the move
+    assert (early.gpu_share, late.gpu_share) == (0.3, 0.6)
+    chunk = 5
+    for batch, gpu_rows in ((early, 2), (late, 3)):  # of each chunk of 5: round(5 x share)
+        first, second = both_passes(batch, chunk)
+        for (im1, tx1), (im2, tx2) in zip(first, second):
+            assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+        _, on_device = decoder._announced[batch.serial]  # what the GPU decoder's queue was given
+        assert [hi - lo for lo, hi in on_device] == [gpu_rows] * 2 * (len(batch) // chunk)  # both passes
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        decoder.set_gpu_share(1.5)
+    data.close()
+    pil_only = first_batch(shard, tokenizer, "encoded", decode_workers=2)
+    with pytest.raises(ValueError, match="only where both decoders run"):
+        pil_only.decoder.set_gpu_share(0.5)
+    pil_only.decoder.close()
