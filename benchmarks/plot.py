@@ -274,3 +274,35 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
     models = " and ".join(dict.fromkeys(r["model"] for r in rows if r.get("model")))
     fig.suptitle(f"{models} from JPEG shards through launch/train.sh; commits {commits}")
     save(fig, png_path)
+
+
+def plot_split_moves(json_path: Path, png_path: Path) -> None:
+    """A run's steps with `hybrid` (docs/benchmarks/split_moves.json, metrics.csv's columns): the
+    step and its wait for decoded rows, and each decoder's rate beside the GPU's share."""
+    plt = pyplot()
+    data = json.loads(Path(json_path).read_text())
+    rows, meta = data["rows"], data["meta"]
+    steps = [int(r["step"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.bar(steps, [r["step_s"] for r in rows], color="tab:blue", label="step")
+    left.bar(steps, [r["decode_wait_s"] for r in rows], color="tab:red", label="of it waiting for decoded rows")
+    left.set_xlabel("step")
+    left.set_ylabel("seconds")
+    left.set_xticks(steps)
+    left.legend()
+    workers = meta.get("decode_workers", 13)
+    right.plot(steps, [r["decode_gpu_rows_per_s"] for r in rows], "o-", label="GPU decoder, rows/s of busy time")
+    right.plot(steps, [workers * r["decode_rows_per_process_s"] for r in rows], "s-",
+               label=f"{workers} decode processes, rows/s of busy time")
+    right.set_xlabel("step")
+    right.set_ylabel("rows / s")
+    right.set_xticks(steps)
+    share = right.twinx()
+    share.plot(steps, [r["decode_gpu_share"] for r in rows], "k--", label="GPU's share of each chunk")
+    share.set_ylim(0, 1)
+    share.set_ylabel("data.gpu_decode_share")
+    lines = right.get_legend_handles_labels()
+    more = share.get_legend_handles_labels()
+    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="lower left")
+    fig.suptitle(f"hybrid's split on {meta.get('device', '')}, commit {short_commit(meta.get('commit', ''))}")
+    save(fig, png_path)

@@ -1,22 +1,25 @@
-"""`hybrid`'s split measured: each step's own rates say which share of each chunk the GPU
-decoder should take so that both decoders finish together.
+"""`hybrid`'s split measured: the run's own rates say which share of each chunk the GPU decoder
+should take so that both decoders finish together.
 
 `auto` starts from the planner's share, whose rates were measured on other hosts (a decode
 process's rate differs from host to host: 178-253 rows/s measured). With `data.gpu_decode_share:
 auto` each rank moves its split to what its own rates balance, for the batches assembled after
-the step (a batch keeps its split: a row is decoded by the same decoder in both passes). A share
+the move (a batch keeps its split: a row is decoded by the same decoder in both passes). A share
 the user set stays, and rank 0 says once which share would balance this host.
 """
 import sys
-from typing import Optional
+from collections import deque
+from typing import Optional, Tuple
 
 from ..data.footprint import balanced_gpu_share
-from .metrics import GpuDecodeRate, PoolRate
 
 # The step's share spent waiting for decoded rows below which the split is not worth a line.
 WAIT_WORTH_A_LINE = 0.05
 # A share this close to the measured one is left alone: rates move by more from step to step.
 SHARE_CLOSE_ENOUGH = 0.03
+# Steps of one split whose rates are read together (one step's GPU decoder rate moved from 1,529
+# to 2,863 rows/s on ViT-B-32 at 128k on one H200).
+MIN_STEPS_MEASURED = 2
 
 
 def balanced_share(gpu_rows_per_s: float, workers: int, rows_per_process_s: float, share: float = 0.0,
@@ -54,43 +57,61 @@ def split_advice(share, workers: int, rows_per_process_s: Optional[float], busy_
 
 
 class SplitWatch:
-    """A rank's watch on `hybrid`'s split, from the second step it trains on (the first starts the
-    decoders and compiles): each step's rates read from the decoders themselves. `rebalance`
-    (data.gpu_decode_share auto): where the step waited WAIT_WORTH_A_LINE or more of its time and
-    the balanced share is SHARE_CLOSE_ENOUGH or more from the current one, the split moves to it;
-    `speaks` (rank 0) says so each time. Else rank 0 prints split_advice's line once."""
+    """A rank's watch on `hybrid`'s split: its decoders' rates over its last MIN_STEPS_MEASURED
+    steps, after the run's first (which starts the decoders and compiles), all at the split in
+    force, read from the decoders themselves (one step's rates move too much: the decoders run ahead into the
+    next step). `rebalance` (data.gpu_decode_share auto): where
+    those steps waited WAIT_WORTH_A_LINE or more of their time and the share their rates balance is
+    SHARE_CLOSE_ENOUGH or more from the current one, the split moves to it; `speaks` (rank 0) says
+    so each time. Else rank 0 prints split_advice's line once."""
 
     def __init__(self, decoder, first_step: int, rebalance: bool = False, speaks: bool = True, out=None):
         self._decoder = decoder if decoder is not None and getattr(decoder, "splits", False) else None
         self._first_step = first_step
         self._rebalance, self._speaks, self._out = rebalance, speaks, out
-        self._pool, self._gpu = PoolRate(self._decoder), GpuDecodeRate(self._decoder)
+        self._last = self._totals()
+        self._steps: deque = deque(maxlen=MIN_STEPS_MEASURED)  # (share, totals before, wait_s, step_s)
         self.said: Optional[str] = None
+
+    def _totals(self) -> Tuple[tuple, tuple]:
+        return (self._decoder.pool_rate(), self._decoder.lane_rate()) if self._decoder is not None else ((0, 0.0),) * 2
 
     def step(self, step: int, batch_share: Optional[float], wait_s: float, step_s: float) -> Optional[str]:
         """After step `step`, which trained a batch split at `batch_share`, waited `wait_s` for
         decoded rows and took `step_s`: the line said, if any."""
         if self._decoder is None:
             return None
-        per_process, gpu_rate = self._pool.since_last(), self._gpu.since_last()
+        before, now = self._last, self._totals()
+        self._last = now
         if step <= self._first_step + 1 or batch_share is None:
             return None
-        workers, current = len(self._decoder.pids), self._decoder.gpu_share
+        self._steps.append((batch_share, before, wait_s, step_s))
+        current = self._decoder.gpu_share
+        if len(self._steps) < MIN_STEPS_MEASURED or any(share != current for share, *_ in self._steps):
+            return None  # the rates of the split in force only (after a move, batches assembled before it)
+        first, wait_s, step_s = step - len(self._steps) + 1, sum(w for *_, w, _ in self._steps), sum(
+            t for *_, t in self._steps)
+        (pool_rows, pool_s), (gpu_rows, gpu_s) = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(now, self._steps[0][1])]
+        if pool_s <= 0 or gpu_s <= 0:
+            return None
+        workers = len(self._decoder.pids)
+        per_process, gpu_rate = pool_rows / pool_s, gpu_rows / gpu_s
         if not self._rebalance:
             if self.said:
                 return None
-            line = split_advice(batch_share, workers, per_process, self._pool.busy_share, gpu_rate, wait_s, step_s,
-                                self._gpu.rows, self._pool.rows)
+            busy = pool_s / (workers * step_s) if workers and step_s > 0 else None
+            line = split_advice(batch_share, workers, per_process, busy, gpu_rate, wait_s, step_s, gpu_rows, pool_rows)
         else:
-            if not per_process or not gpu_rate or step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
+            if step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
                 return None
-            balanced = balanced_share(gpu_rate, workers, per_process, batch_share, self._gpu.rows, self._pool.rows)
+            balanced = balanced_share(gpu_rate, workers, per_process, batch_share, gpu_rows, pool_rows)
             if abs(balanced - current) < SHARE_CLOSE_ENOUGH:
                 return None
             self._decoder.set_gpu_share(balanced)
-            line = (f"decoding: step {step} waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows; at its rates "
-                    f"({workers} processes x {per_process:,.0f} rows/s, the GPU decoder {gpu_rate:,.0f} rows/s) "
-                    f"data.gpu_decode_share {current:.3f} -> {balanced:.3f} (auto) from the next batch assembled")
+            line = (f"decoding: steps {first}-{step} waited {wait_s:.1f} s of {step_s:.1f} s for "
+                    f"decoded rows; at their rates ({workers} processes x {per_process:,.0f} rows/s, the GPU decoder "
+                    f"{gpu_rate:,.0f} rows/s) data.gpu_decode_share {current:.3f} -> {balanced:.3f} (auto) from the "
+                    f"next batch assembled")
         if line and self._speaks:
             self.said = line
             print(line, file=self._out or sys.stderr, flush=True)

@@ -79,15 +79,16 @@ class FakeDecoder:
 STEP = dict(wait_s=70.9, step_s=163.4)
 
 
-def test_a_set_share_gets_the_line_once_and_not_on_the_runs_first_step():
+def test_a_set_share_gets_the_line_once_from_two_steps_after_the_runs_first():
     out, decoder = io.StringIO(), FakeDecoder()
     watch = SplitWatch(decoder, first_step=10, out=out)  # a run resumed at step 10, its share set
-    decoder.decode(500_000)
-    assert watch.step(11, 0.575, **STEP) is None  # its first step: the decoders start, the towers compile
-    decoder.decode(500_000)
-    assert "data.gpu_decode_share=0.478" in watch.step(12, 0.575, **STEP)
-    decoder.decode(500_000)
-    assert watch.step(13, 0.575, **STEP) is None
+    said = []
+    for step in (11, 12, 13, 14):  # 11: the decoders start, the towers compile; 12: one step's rates
+        decoder.decode(500_000)
+        said.append(watch.step(step, 0.575, **STEP))
+    assert said[0] is None and said[1] is None and said[3] is None
+    assert "data.gpu_decode_share=0.478" in said[2] and "70.9 s of 163.4 s" not in said[2]
+    assert "141.8 s of 326.8 s" in said[2]  # the two steps' wait and time together
     assert out.getvalue().count("decoding:") == 1 and not decoder.moves
 
 
@@ -96,24 +97,32 @@ def test_auto_moves_every_ranks_split_to_its_own_rates_and_rank_0_says_so():
     watch = SplitWatch(decoder, first_step=0, rebalance=True, out=out)
     quiet_decoder = FakeDecoder(share=0.953)
     quiet = SplitWatch(quiet_decoder, first_step=0, rebalance=True, speaks=False, out=out)
-    for step in (1, 2):  # ViT-B-32 at 512k a GPU on 4 x H200: 13 processes x 199 rows/s, the GPU 2,105
-        for d in (decoder, quiet_decoder):
-            d.decode(600_000, per_process=199.0, gpu=2105.0)
-        line = watch.step(step, 0.953, 39.9, 159.8)
-        quiet.step(step, 0.953, 39.9, 159.8)
-    balanced = 2105 / (2105 + 13 * 199.0)
+    # ViT-B-32 at 512k a GPU on 4 x H200: 13 processes x 199 rows/s, the GPU decoder 1,500 and then
+    # 2,710 rows/s (one step's rate alone moves too much to follow)
+    for step, gpu in ((1, 2105.0), (2, 1500.0), (3, 2710.0)):
+        for d, w in ((decoder, watch), (quiet_decoder, quiet)):
+            d.decode(600_000, per_process=199.0, gpu=gpu)
+            line = w.step(step, 0.953, 39.9, 159.8)
+        if step == 2:
+            assert line is None and not decoder.moves
+    gpu_rate = 2 * 571_800 / (571_800 / 1500.0 + 571_800 / 2710.0)  # both steps' rows over their busy time
+    balanced = gpu_rate / (gpu_rate + 13 * 199.0)
     assert decoder.moves == pytest.approx([balanced], abs=1e-3) and quiet_decoder.moves == decoder.moves
-    assert "data.gpu_decode_share 0.953 -> 0.449 (auto)" in line and out.getvalue().count("decoding:") == 1
-    # the next batch was assembled before the move: its step measures the same rates, and nothing moves
-    decoder.decode(600_000, per_process=199.0, gpu=2105.0, share=0.953)
-    assert watch.step(3, 0.953, 30.0, 150.0) is None and len(decoder.moves) == 1
-    # a step that hardly waited leaves the split where it is, whatever its rates say
-    decoder.decode(600_000, per_process=400.0, gpu=2105.0)
-    assert watch.step(4, decoder.gpu_share, 0.04 * 120.0, 120.0) is None and len(decoder.moves) == 1
-    # rates that moved: the split follows
-    decoder.decode(600_000, per_process=120.0, gpu=2105.0)
-    assert watch.step(5, decoder.gpu_share, 20.0, 130.0) is not None and len(decoder.moves) == 2
-    assert decoder.gpu_share == pytest.approx(2105 / (2105 + 13 * 120.0), abs=1e-3)
+    assert f"data.gpu_decode_share 0.953 -> {balanced:.3f} (auto)" in line and "steps 2-3 waited 79.8 s" in line
+    assert out.getvalue().count("decoding:") == 1
+    # the next batch was assembled before the move: its step measures the old split again, and nothing moves
+    decoder.decode(600_000, per_process=199.0, gpu=1931.0, share=0.953)
+    assert watch.step(4, 0.953, 30.0, 150.0) is None and len(decoder.moves) == 1
+    # the new split's steps: they hardly wait, and the split stays whatever their rates say
+    for step in (5, 6):
+        decoder.decode(600_000, per_process=400.0, gpu=1931.0)
+        assert watch.step(step, decoder.gpu_share, 0.04 * 120.0, 120.0) is None and len(decoder.moves) == 1
+    # rates that moved, and waits: the split follows, from two steps of one split
+    for step in (7, 8):
+        decoder.decode(600_000, per_process=120.0, gpu=1931.0)
+        line = watch.step(step, decoder.gpu_share, 20.0, 130.0)
+    assert line is not None and len(decoder.moves) == 2
+    assert decoder.gpu_share == pytest.approx(1931 / (1931 + 13 * 120.0), abs=1e-3)
 
 
 @pytest.mark.parametrize("decoder", [None, FakeDecoder(pool=False), FakeDecoder(lane=False)])
@@ -144,7 +153,7 @@ def test_with_chunks_the_processes_decode_alone_the_balance_counts_the_rows_each
     decoder = FakeDecoder(share=0.5)
     decoder.pids = list(range(4))
     watch = SplitWatch(decoder, first_step=0, out=io.StringIO())
-    for step in (1, 2):  # the rows each decoder decoded reach the advice
+    for step in (1, 2, 3):  # the rows each decoder decoded reach the advice
         decoder.decode(2000, per_process=250.0, gpu=1000.0, alone=500)
         said = watch.step(step, 0.5, 10.0, 100.0)
     assert "data.gpu_decode_share=0.625" in said
