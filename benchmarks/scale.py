@@ -110,9 +110,9 @@ PARTS = {p.name: p for p in (
     # the same load per GPU on a two-GPU host: a rank's step as on four, a ring of two
     Part("two-gpu-b32-1m", 1024 * 1024, 256, 2, 1, 2, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
-    # one GPU with all its machine's cores, long enough for `auto`'s split to move to the run's own
-    # rates after step 2 and for step 4's batch, the first assembled after the move, to show it
-    Part("one-gpu-b32-128k", 128 * 1024, 32, 1, 1, 5, model="ViT-B-32",
+    # one GPU with all its machine's cores, long enough for `auto`'s split to move to the rates of
+    # steps 2-3 and for steps 5-7, whose batches were assembled after the move, to show it
+    Part("one-gpu-b32-128k", 128 * 1024, 32, 1, 1, 7, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
 )}
 
@@ -738,12 +738,12 @@ def with_efficiency(rows: List[dict]) -> List[dict]:
     over the reference row's of the same run. A row whose reference in the file is from another
     run keeps the efficiency of its own run (``efficiency_reference`` names that baseline's
     figures). Where the part has targets, the check: at least 0.95."""
-    by_part = {r["part"]: r for r in rows if "samples_per_s" in r}
+    by_key = {run_key(r): r for r in rows if "samples_per_s" in r}
     for row in rows:
         part = PARTS.get(row["part"])
         if part is None or not part.reference or "samples_per_s" not in row or row.get("steady") is False:
             continue
-        ref = by_part.get(part.reference)
+        ref = by_key.get((part.reference, tuple(row.get("set") or ())))  # the baseline of the same overrides
         if ref is None or not same_run(ref, row):
             if "efficiency_reference" not in row:
                 row["efficiency"] = None

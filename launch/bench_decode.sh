@@ -15,12 +15,15 @@
 #   bash launch/bench_decode.sh b16-8cores-tv4      # b16-8cores through torchvision, 4 lanes (-tv1: one)
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
-#   bash launch/bench_scale.sh wait 540                     #  then waited for, with the same SCALE_OUT)
+#   timeout 560 bash launch/bench_scale.sh wait 500         #  then waited for, with the same SCALE_OUT;
+#                                                           #  ~15 min in all; on a host busy with the run
+#                                                           #  the wait's own start took ~45 s: leave room)
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
-#   bash launch/bench_decode.sh b32-128k   # ViT-B-32 at 128k on a one-GPU machine, 5 steps: auto's split
-#                                          #  moved to the run's own rates (then bench_scale.sh wait)
-# ViT-B-32 planned at its own measured tower rate: measured and calibrated in the command that starts
-# the run (a later command's checkout replaces the calibration written here), then waited for:
+#   bash launch/bench_decode.sh b32-128k   # ViT-B-32 at 128k on a one-GPU machine, 7 steps (~6 min): auto's
+#                                          #  split moved to the run's own rates (then bench_scale.sh wait)
+# ViT-B-32's tower rates, measured and calibrated in the command that starts the runs planned with
+# them (a later command's checkout replaces the calibration written here; the checkout holds them
+# since they were measured on an H200):
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-rates b32-2m && bash launch/bench_scale.sh wait 300
 #   bash launch/bench_decode.sh steps               # the step rows into decode.json (also on a CPU)
 # The one-GPU parts at once, each on a GPU of its own (PART@GPU, or PART+PART@GPU one after

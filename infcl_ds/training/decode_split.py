@@ -20,6 +20,8 @@ SHARE_CLOSE_ENOUGH = 0.03
 # Steps of one split whose rates are read together (one step's GPU decoder rate moved from 1,529
 # to 2,863 rows/s on ViT-B-32 at 128k on one H200).
 MIN_STEPS_MEASURED = 2
+# The shares a split moves within (a chunk of 2,048 rows: at least 41 rows for each decoder).
+MOVED_SHARE_BOUNDS = (0.02, 0.98)
 
 
 def balanced_share(gpu_rows_per_s: float, workers: int, rows_per_process_s: float, share: float = 0.0,
@@ -50,8 +52,8 @@ def split_advice(share, workers: int, rows_per_process_s: Optional[float], busy_
         return None
     pace = "the GPU decoder's share sets the pace" if balanced < share else "the decode processes' share sets the pace"
     busy = f", the processes busy {busy_share:.0%} of it" if busy_share is not None else ""
-    return (f"decoding: the step waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows{busy}: {pace}. At this "
-            f"step's rates ({workers} processes x {rows_per_process_s:,.0f} rows/s, the GPU decoder "
+    return (f"decoding: the last steps waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows{busy}: {pace}. "
+            f"At their rates ({workers} processes x {rows_per_process_s:,.0f} rows/s, the GPU decoder "
             f"{gpu_rows_per_s:,.0f} rows/s) data.gpu_decode_share={balanced:.3f} (this run: {share:.3f}) lets both "
             f"finish together; set it in the recipe for the next run")
 
@@ -105,6 +107,8 @@ class SplitWatch:
             if step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
                 return None
             balanced = balanced_share(gpu_rate, workers, per_process, batch_share, gpu_rows, pool_rows)
+            # each decoder keeps some rows of each split chunk: a decoder given none has no rate to read
+            balanced = min(max(balanced, MOVED_SHARE_BOUNDS[0]), MOVED_SHARE_BOUNDS[1])
             if abs(balanced - current) < SHARE_CLOSE_ENOUGH:
                 return None
             self._decoder.set_gpu_share(balanced)

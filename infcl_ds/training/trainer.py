@@ -271,8 +271,10 @@ class Trainer:
             if r.eval.every and self.step % r.eval.every == 0 and self.step < r.schedule.steps:
                 self.phase = f"evaluation at step {self.step}"
                 logger.log_eval(self.step, self.evaluate())
+                lap = time.perf_counter()  # the next step's time is its own, not the evaluation's
             if r.checkpoint.every and self.step % r.checkpoint.every == 0 and self.step < r.schedule.steps:
                 self._save()
+                lap = time.perf_counter()  # nor the save's
         # Ends the data thread and workers now (the batch ahead is not needed), not at exit.
         batches.close()
         if heartbeat is not None:

@@ -157,3 +157,16 @@ def test_with_chunks_the_processes_decode_alone_the_balance_counts_the_rows_each
         decoder.decode(2000, per_process=250.0, gpu=1000.0, alone=500)
         said = watch.step(step, 0.5, 10.0, 100.0)
     assert "data.gpu_decode_share=0.625" in said
+
+
+def test_a_moved_split_leaves_each_decoder_some_rows_so_its_rate_stays_readable():
+    decoder = FakeDecoder(share=0.5)
+    watch = SplitWatch(decoder, first_step=0, rebalance=True, out=io.StringIO())
+    for step in (1, 2, 3):  # a GPU decoder that hardly decodes: the balance is near 0
+        decoder.decode(100_000, per_process=200.0, gpu=10.0)
+        watch.step(step, 0.5, 30.0, 100.0)
+    assert decoder.moves == [0.02]
+    for step in (4, 5, 6):  # step 4: the batch assembled before the move; 5-6 read the new split
+        decoder.decode(100_000, per_process=200.0, gpu=2600.0, share=0.5 if step == 4 else None)
+        watch.step(step, 0.5 if step == 4 else 0.02, 30.0, 100.0)
+    assert decoder.moves == [0.02, pytest.approx(2600 / (2600 + 13 * 200.0), abs=1e-3)]

@@ -312,3 +312,20 @@ def test_a_moved_hybrid_split_reaches_only_the_batches_assembled_after_it(shard,
     with pytest.raises(ValueError, match="only where both decoders run"):
         pil_only.decoder.set_gpu_share(0.5)
     pil_only.decoder.close()
+
+
+def test_a_split_moved_between_the_passes_leaves_the_batch_at_its_own(shard, tokenizer):
+    """A move while a batch is between its passes: its second pass decodes each row with the
+    decoder of its first (each decoder's row count says so, the pixels match)."""
+    batch = first_batch(shard, tokenizer, "encoded", decoder="hybrid", decode_workers=2, gpu_decode_share=0.3)
+    chunk, cpu = 5, torch.device("cpu")
+    batch.announce_passes([chunks_of(batch, chunk)] * 2)
+    first = [batch.chunk(lo, hi, cpu) for lo, hi in chunks_of(batch, chunk)]
+    batch.decoder.set_gpu_share(0.6)
+    second = [batch.chunk(lo, hi, cpu) for lo, hi in chunks_of(batch, chunk)]
+    for (im1, tx1), (im2, tx2) in zip(first, second):
+        assert torch.equal(im1, im2) and torch.equal(tx1, tx2)
+    chunks = SAMPLES // chunk
+    assert batch.decoder.lane_rate()[0] == 2 * 2 * chunks  # round(5 x 0.3) rows of each chunk, both passes
+    assert batch.decoder.pool_rate()[0] == 2 * 3 * chunks
+    batch.decoder.close()
