@@ -215,11 +215,12 @@ def test_a_model_first_measured_by_the_one_gpu_bench_gets_its_eager_and_compiled
     """calibrate's vs_open_clip rows: a model the planner had no entry for gets both rates (each
     from its smallest batch); a model already there keeps its fitted eager rate."""
     import json
-    import shutil
 
     from infcl_ds.plan.calibrate import write_compiled_calibration
-    shutil.copy(calibrate.CALIBRATION / "encoder_rates.json", tmp_path)
-    before = json.loads((tmp_path / "encoder_rates.json").read_text())["models"]["ViT-B-16"]
+    encoders = json.loads((calibrate.CALIBRATION / "encoder_rates.json").read_text())
+    encoders["models"].pop("ViT-B-32", None)  # a model the planner has no entry for yet
+    (tmp_path / "encoder_rates.json").write_text(json.dumps(encoders))
+    before = encoders["models"]["ViT-B-16"]
 
     def row(model, B, compiled, encode_s, **extra):
         return {"impl": "infcl_ds", "status": "measured", "world": 1, "model": model, "B": B, "local": B,
