@@ -488,6 +488,7 @@ def step_figures(steps: List[dict], batch: int) -> dict:
             "steady_steps": len(steps) - 1, "step_s": step_s, "samples_per_s": batch / step_s,
             "decode_wait_s": wait, "decode_wait_share": wait / step_s,
             "decode_waits_s": [s.get("decode_wait_s", 0.0) for s in steps],
+            "decode_waits_gpu_s": [s["decode_wait_gpu_s"] for s in steps if "decode_wait_gpu_s" in s],
             # the wait for the data thread's next local batch (the readers), where logged
             "batch_waits_s": [s["batch_wait_s"] for s in steps if "batch_wait_s" in s],
             # the engine's phases of the timed steps (the device's stream, waits for the host included)

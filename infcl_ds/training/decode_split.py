@@ -62,9 +62,10 @@ class SplitWatch:
     """A rank's watch on `hybrid`'s split: its decoders' rates over its last MIN_STEPS_MEASURED
     steps, after the run's first (which starts the decoders and compiles), all at the split in
     force, read from the decoders themselves (one step's rates move too much: the decoders run ahead into the
-    next step). `rebalance` (data.gpu_decode_share auto): where
-    those steps waited WAIT_WORTH_A_LINE or more of their time and the share their rates balance is
-    SHARE_CLOSE_ENOUGH or more from the current one, the split moves to it; `speaks` (rank 0) says
+    next step). `rebalance` (data.gpu_decode_share auto): where those steps waited
+    WAIT_WORTH_A_LINE or more of their time, mostly for the rows of the decoder the balance would
+    unload, and the share their rates balance is SHARE_CLOSE_ENOUGH or more from the current one,
+    the split moves to it; `speaks` (rank 0) says
     so each time. Else rank 0 prints split_advice's line once."""
 
     def __init__(self, decoder, first_step: int, rebalance: bool = False, speaks: bool = True, out=None):
@@ -78,26 +79,36 @@ class SplitWatch:
     def _totals(self) -> Tuple[tuple, tuple]:
         return (self._decoder.pool_rate(), self._decoder.lane_rate()) if self._decoder is not None else ((0, 0.0),) * 2
 
-    def step(self, step: int, batch_share: Optional[float], wait_s: float, step_s: float) -> Optional[str]:
+    def step(self, step: int, batch_share: Optional[float], wait_s: float, step_s: float,
+             gpu_wait_s: float = 0.0) -> Optional[str]:
         """After step `step`, which trained a batch split at `batch_share`, waited `wait_s` for
-        decoded rows and took `step_s`: the line said, if any."""
+        decoded rows (`gpu_wait_s` of it for the GPU decoder's) and took `step_s`: the line said,
+        if any."""
         if self._decoder is None:
             return None
         before, now = self._last, self._totals()
         self._last = now
         if step <= self._first_step + 1 or batch_share is None:
             return None
-        self._steps.append((batch_share, before, wait_s, step_s))
+        self._steps.append((batch_share, before, wait_s, step_s, gpu_wait_s))
         current = self._decoder.gpu_share
         if len(self._steps) < MIN_STEPS_MEASURED or any(share != current for share, *_ in self._steps):
             return None  # the rates of the split in force only (after a move, batches assembled before it)
-        first, wait_s, step_s = step - len(self._steps) + 1, sum(w for *_, w, _ in self._steps), sum(
-            t for *_, t in self._steps)
+        first = step - len(self._steps) + 1
+        wait_s, step_s, gpu_wait_s = (sum(s[k] for s in self._steps) for k in (2, 3, 4))
         (pool_rows, pool_s), (gpu_rows, gpu_s) = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(now, self._steps[0][1])]
         if pool_s <= 0 or gpu_s <= 0:
             return None
         workers = len(self._decoder.pids)
         per_process, gpu_rate = pool_rows / pool_s, gpu_rows / gpu_s
+        balanced = balanced_share(gpu_rate, workers, per_process, batch_share, gpu_rows, pool_rows)
+        # Only where the engine waited on the rows of the decoder the balance would unload: a
+        # decoder's busy rate says nothing of a window that stops it running ahead (the pool's
+        # chunks kept between the passes are all its own in the first pass), and there the other
+        # decoder taking more rows would only lengthen the wait.
+        pool_wait_s = wait_s - gpu_wait_s
+        if (gpu_wait_s <= pool_wait_s) if balanced < batch_share else (pool_wait_s <= gpu_wait_s):
+            return None
         if not self._rebalance:
             if self.said:
                 return None
@@ -106,16 +117,15 @@ class SplitWatch:
         else:
             if step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
                 return None
-            balanced = balanced_share(gpu_rate, workers, per_process, batch_share, gpu_rows, pool_rows)
             # each decoder keeps some rows of each split chunk: a decoder given none has no rate to read
             balanced = min(max(balanced, MOVED_SHARE_BOUNDS[0]), MOVED_SHARE_BOUNDS[1])
             if abs(balanced - current) < SHARE_CLOSE_ENOUGH:
                 return None
             self._decoder.set_gpu_share(balanced)
-            line = (f"decoding: steps {first}-{step} waited {wait_s:.1f} s of {step_s:.1f} s for "
-                    f"decoded rows; at their rates ({workers} processes x {per_process:,.0f} rows/s, the GPU decoder "
-                    f"{gpu_rate:,.0f} rows/s) data.gpu_decode_share {current:.3f} -> {balanced:.3f} (auto) from the "
-                    f"next batch assembled")
+            line = (f"decoding: steps {first}-{step} waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows, "
+                    f"{gpu_wait_s:.1f} s of it for the GPU decoder's; at their rates ({workers} processes x "
+                    f"{per_process:,.0f} rows/s, the GPU decoder {gpu_rate:,.0f} rows/s) data.gpu_decode_share "
+                    f"{current:.3f} -> {balanced:.3f} (auto) from the next batch assembled")
         if line and self._speaks:
             self.said = line
             print(line, file=self._out or sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from ..run_dir import EVAL_CSV, METRICS, PLOT, TENSORBOARD
 
 COLUMNS = ["step", "epoch", "loss", "lr", "logit_scale", "samples_per_s", "step_s", "peak_mem_gib", "skipped",
            "encode_s", "loss_s", "reencode_s", "optimizer_s", "batch_wait_s", "decode_wait_s",
+           "decode_wait_gpu_s",
            "decode_rows_per_process_s", "decode_busy_share", "decode_gpu_rows_per_s", "decode_gpu_share",
            "host_bytes_per_sample",
            "graphs_compiled"]

@@ -244,6 +244,7 @@ class Trainer:
             self.data.skipped += getattr(batch, "decode_skipped", 0)
             decode_wait = getattr(batch, "decode_wait_s", 0.0)
             batch_share = getattr(batch, "gpu_share", None)
+            gpu_decode_wait = getattr(batch, "decode_wait_gpu_s", 0.0)
             host_bytes = batch.nbytes / len(batch)
             # Dropped before the next is asked for: the data thread fills the next batch while
             # this one trains, so a rank holds two local batches, not three.
@@ -251,14 +252,14 @@ class Trainer:
             self.step += 1
             now = time.perf_counter()
             seconds, lap = now - lap, now
-            split_watch.step(self.step, batch_share, decode_wait, seconds)
+            split_watch.step(self.step, batch_share, decode_wait, seconds, gpu_decode_wait)
             if self.step % r.logging.every == 0 or self.step == r.schedule.steps:
                 row = {"step": self.step, "epoch": self.data.state_dict()["epoch"], "loss": loss.item(),
                        "lr": lr, "logit_scale": self._logit_scale(),
                        "samples_per_s": r.batch.global_size / seconds, "step_s": seconds,
                        "peak_mem_gib": peak_memory_gib(self.device), "skipped": self._skipped_total(),
                        **{f"{name}_s": seconds for name, seconds in self.engine.phases.times().items()},
-                       "batch_wait_s": batch_wait, "decode_wait_s": decode_wait,
+                       "batch_wait_s": batch_wait, "decode_wait_s": decode_wait, "decode_wait_gpu_s": gpu_decode_wait,
                        "decode_rows_per_process_s": pool.since_last(),
                        "decode_busy_share": pool.busy_share, "decode_gpu_rows_per_s": gpu_decode.since_last(),
                        "decode_gpu_share": batch_share,

@@ -76,7 +76,7 @@ class FakeDecoder:
         self.lane_totals = (done + gpu_rows, busy + gpu_rows / gpu)
 
 
-STEP = dict(wait_s=70.9, step_s=163.4)
+STEP = dict(wait_s=70.9, step_s=163.4, gpu_wait_s=60.0)  # the GPU decoder's rows set the pace
 
 
 def test_a_set_share_gets_the_line_once_from_two_steps_after_the_runs_first():
@@ -102,7 +102,7 @@ def test_auto_moves_every_ranks_split_to_its_own_rates_and_rank_0_says_so():
     for step, gpu in ((1, 2105.0), (2, 1500.0), (3, 2710.0)):
         for d, w in ((decoder, watch), (quiet_decoder, quiet)):
             d.decode(600_000, per_process=199.0, gpu=gpu)
-            line = w.step(step, 0.953, 39.9, 159.8)
+            line = w.step(step, 0.953, 39.9, 159.8, 35.0)
         if step == 2:
             assert line is None and not decoder.moves
     gpu_rate = 2 * 571_800 / (571_800 / 1500.0 + 571_800 / 2710.0)  # both steps' rows over their busy time
@@ -112,7 +112,7 @@ def test_auto_moves_every_ranks_split_to_its_own_rates_and_rank_0_says_so():
     assert out.getvalue().count("decoding:") == 1
     # the next batch was assembled before the move: its step measures the old split again, and nothing moves
     decoder.decode(600_000, per_process=199.0, gpu=1931.0, share=0.953)
-    assert watch.step(4, 0.953, 30.0, 150.0) is None and len(decoder.moves) == 1
+    assert watch.step(4, 0.953, 30.0, 150.0, 25.0) is None and len(decoder.moves) == 1
     # the new split's steps: they hardly wait, and the split stays whatever their rates say
     for step in (5, 6):
         decoder.decode(600_000, per_process=400.0, gpu=1931.0)
@@ -120,7 +120,7 @@ def test_auto_moves_every_ranks_split_to_its_own_rates_and_rank_0_says_so():
     # rates that moved, and waits: the split follows, from two steps of one split
     for step in (7, 8):
         decoder.decode(600_000, per_process=120.0, gpu=1931.0)
-        line = watch.step(step, decoder.gpu_share, 20.0, 130.0)
+        line = watch.step(step, decoder.gpu_share, 20.0, 130.0, 5.0)  # now the processes' rows
     assert line is not None and len(decoder.moves) == 2
     assert decoder.gpu_share == pytest.approx(1931 / (1931 + 13 * 120.0), abs=1e-3)
 
@@ -155,7 +155,7 @@ def test_with_chunks_the_processes_decode_alone_the_balance_counts_the_rows_each
     watch = SplitWatch(decoder, first_step=0, out=io.StringIO())
     for step in (1, 2, 3):  # the rows each decoder decoded reach the advice
         decoder.decode(2000, per_process=250.0, gpu=1000.0, alone=500)
-        said = watch.step(step, 0.5, 10.0, 100.0)
+        said = watch.step(step, 0.5, 10.0, 100.0, 2.0)
     assert "data.gpu_decode_share=0.625" in said
 
 
@@ -164,9 +164,22 @@ def test_a_moved_split_leaves_each_decoder_some_rows_so_its_rate_stays_readable(
     watch = SplitWatch(decoder, first_step=0, rebalance=True, out=io.StringIO())
     for step in (1, 2, 3):  # a GPU decoder that hardly decodes: the balance is near 0
         decoder.decode(100_000, per_process=200.0, gpu=10.0)
-        watch.step(step, 0.5, 30.0, 100.0)
+        watch.step(step, 0.5, 30.0, 100.0, 25.0)
     assert decoder.moves == [0.02]
     for step in (4, 5, 6):  # step 4: the batch assembled before the move; 5-6 read the new split
         decoder.decode(100_000, per_process=200.0, gpu=2600.0, share=0.5 if step == 4 else None)
-        watch.step(step, 0.5 if step == 4 else 0.02, 30.0, 100.0)
+        watch.step(step, 0.5 if step == 4 else 0.02, 30.0, 100.0, 25.0 if step == 4 else 5.0)
     assert decoder.moves == [0.02, pytest.approx(2600 / (2600 + 13 * 200.0), abs=1e-3)]
+
+
+@pytest.mark.parametrize("rebalance", [False, True])
+def test_no_move_where_the_engine_waited_on_the_decoder_the_balance_would_load(rebalance):
+    """Idle processes but a step that waited for their rows (their window, not their rate, stopped
+    them: the pool's kept chunks are all theirs in the first pass): giving them more of each chunk
+    would lengthen the wait, so the split stays and no line advises it."""
+    decoder = FakeDecoder(share=0.953)
+    watch = SplitWatch(decoder, first_step=0, rebalance=rebalance, out=io.StringIO())
+    for step in (1, 2, 3, 4):
+        decoder.decode(600_000, per_process=199.0, gpu=2105.0)
+        assert watch.step(step, 0.953, 39.9, 159.8, 4.0) is None
+    assert not decoder.moves

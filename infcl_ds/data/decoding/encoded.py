@@ -298,6 +298,7 @@ class EncodedBatch:
         self._kept = {}               # (lo, hi) -> (uint8 images, int64 texts) on the device
         self._asked = set()           # chunks requested once already
         self.decode_wait_s = 0.0      # time chunk() waited for decoded pieces
+        self.decode_wait_gpu_s = 0.0  # the part of it spent waiting for the GPU decoder's rows
         self.chunks_taken = 0         # chunk() calls so far, of the announced passes' chunks_announced
         self.chunks_announced = 0
         self.decode_skipped = 0       # images replaced because they did not decode (counted once)
@@ -346,7 +347,9 @@ class EncodedBatch:
             a, b = on_device
             started = time.perf_counter()
             _, pixels, source, replaced = self.decoder.take_on_device(self.serial, a, b, lambda: self.request(a, b))
-            self.decode_wait_s += time.perf_counter() - started
+            waited = time.perf_counter() - started
+            self.decode_wait_s += waited
+            self.decode_wait_gpu_s += waited
             if not pieces and pixels.device == device:
                 images = pixels
             else:

@@ -7,6 +7,8 @@ way in both passes and counted once; the GPU and hybrid decoders (run on the CPU
 same crops; through the engine on 2 gloo ranks both host forms give equal gradients, with the
 replay check on. The queues that decode ahead, and their failures: test_decode_queue.py.
 """
+import time
+
 import pytest
 import torch
 
@@ -328,4 +330,11 @@ def test_a_split_moved_between_the_passes_leaves_the_batch_at_its_own(shard, tok
     chunks = SAMPLES // chunk
     assert batch.decoder.lane_rate()[0] == 2 * 2 * chunks  # round(5 x 0.3) rows of each chunk, both passes
     assert batch.decoder.pool_rate()[0] == 2 * 3 * chunks
+    # the wait for the GPU decoder's rows, counted apart (SplitWatch reads which decoder it waited on)
+    take, slow = batch.decoder.take_on_device, 0.02
+    batch.decoder.take_on_device = lambda *args: time.sleep(slow) or take(*args)
+    before, before_gpu = batch.decode_wait_s, batch.decode_wait_gpu_s
+    batch.chunk(0, chunk, cpu)  # a chunk asked for a third time: decoded again, here
+    assert batch.decode_wait_gpu_s - before_gpu >= slow and batch.decode_wait_s - before >= slow
+    assert batch.decode_wait_gpu_s <= batch.decode_wait_s
     batch.decoder.close()
