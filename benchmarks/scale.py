@@ -57,8 +57,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .common import REPO, Job, cmdline, free_port, job_environment, session_pids, state_of, write_rows
-from .proc_cpu import busiest_threads, children_cpu_s, thread_cpu_s
+# --wait's deadline counts from here, so that a wait ends within the command it was sized for:
+# the imports below take torch's (4 s on an idle 2-core machine, longer on a host busy with a run).
+STARTED = time.monotonic()
+
+from .common import REPO, Job, cmdline, free_port, job_environment, session_pids, state_of, write_rows  # noqa: E402
+from .proc_cpu import busiest_threads, children_cpu_s, thread_cpu_s  # noqa: E402
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 GPU_RECIPE = REPO / "ds_configs" / "recipes" / "vit-b16-1m-8gpu.yaml"
@@ -812,15 +816,16 @@ def start(parts: List[str], setup: Setup) -> int:
     return 0
 
 
-def wait(seconds: float, setup: Setup) -> int:
-    """Wait for a --start run; print its log's end; copy the rows, plot and log into $OUT if set.
-    0: it ended (its status in scale.status), 3: still running, 2: none started."""
+def wait(seconds: float, setup: Setup, started: Optional[float] = None) -> int:
+    """Wait for a --start run, at most `seconds` from `started` (this process's start); print its
+    log's end; copy the rows, plot and log into $OUT if set. 0: it ended (its status in
+    scale.status), 3: still running, 2: none started."""
     try:
         pid = int((setup.work / "scale.pid").read_text())
     except (OSError, ValueError):
         print(f"no run started in {setup.work}", file=sys.stderr)
         return 2
-    deadline = time.monotonic() + seconds
+    deadline = (STARTED if started is None else started) + seconds
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(5)
     log = setup.work / "scale.log"

@@ -16,8 +16,8 @@
 #   bash launch/bench_decode.sh zeroshot            # the quickstart, PIL and the GPU decoder, 2 seeds (~5 min)
 #   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m   # ViT-B-32 at 2,097,152 on 4 GPUs (started;
 #   timeout 560 bash launch/bench_scale.sh wait 500         #  then waited for, with the same SCALE_OUT;
-#                                                           #  ~15 min in all; on a host busy with the run
-#                                                           #  the wait's own start took ~45 s: leave room)
+#                                                           #  ~15 min in all; the wait counts from its
+#                                                           #  process's start, the timeout is a backstop)
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
 #   bash launch/bench_decode.sh b32-128k   # ViT-B-32 at 128k on a one-GPU machine, 7 steps (~6 min): auto's
 #                                          #  split moved to the run's own rates (then bench_scale.sh wait)

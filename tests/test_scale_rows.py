@@ -104,3 +104,20 @@ def test_a_part_run_with_other_overrides_is_a_row_of_its_own_and_a_rerun_replace
         ("four-gpu-b32-2m", 12600.0), ("two-gpu-b32-1m", 6400.0), ("two-gpu-b32-1m", 7000.0)]
     rows = save(setup, [{**b32, "samples_per_s": 6500.0, "commit": "c"}])
     assert sorted(r["samples_per_s"] for r in rows if r["part"] == "two-gpu-b32-1m") == [6500.0, 7000.0]
+
+
+def test_a_wait_counts_its_seconds_from_its_own_start(tmp_path, monkeypatch, capsys):
+    """--wait SECONDS ends SECONDS after the process started, its imports' time included: a run
+    still going past then is "still running" (3), at once when that time has passed."""
+    import os
+    import time
+
+    from benchmarks.scale import Setup, wait
+    monkeypatch.delenv("OUT", raising=False)
+    (tmp_path / "scale.pid").write_text(str(os.getpid()))  # a live process: the run goes on
+    (tmp_path / "scale.log").write_text("step 1/3: 60 s so far\n")
+    setup = Setup("cpu", tmp_path, tmp_path, tmp_path / "scale.json", [])
+    began = time.monotonic()
+    assert wait(30.0, setup, started=began - 60.0) == 3
+    assert time.monotonic() - began < 5.0
+    assert "still running" in capsys.readouterr().out
