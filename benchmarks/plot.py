@@ -290,7 +290,7 @@ def plot_split_moves(json_path: Path, png_path: Path) -> None:
     left.set_ylabel("seconds")
     left.set_xticks(steps)
     left.legend()
-    workers = meta.get("decode_workers", 13)
+    workers = meta["decode_workers"]
     right.plot(steps, [r["decode_gpu_rows_per_s"] for r in rows], "o-", label="GPU decoder, rows/s of busy time")
     right.plot(steps, [workers * r["decode_rows_per_process_s"] for r in rows], "s-",
                label=f"{workers} decode processes, rows/s of busy time")

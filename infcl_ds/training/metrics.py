@@ -38,7 +38,6 @@ class PoolRate:
         self._last = decoder.pool_rate() if decoder is not None else (0, 0.0)
         self._clock = time.perf_counter()
         self.busy_share: Optional[float] = None  # of the interval of the last since_last
-        self.rows = 0  # decoded in that interval
 
     def since_last(self) -> Optional[float]:
         if self._decoder is None:
@@ -51,7 +50,7 @@ class PoolRate:
         # than stopped); well below, they waited for a free slot in the window. A piece counts when
         # it is done, so a short interval's share can pass 1 by part of a piece.
         self.busy_share = seconds / (workers * (clock - self._clock)) if workers and clock > self._clock else None
-        self._last, self._clock, self.rows = now, clock, rows
+        self._last, self._clock = now, clock
         return rows / seconds if seconds > 0 else None
 
 
@@ -63,14 +62,13 @@ class GpuDecodeRate:
     def __init__(self, decoder):
         self._decoder = decoder if getattr(decoder, "lane", None) is not None else None
         self._last = self._decoder.lane_rate() if self._decoder is not None else (0, 0.0)
-        self.rows = 0  # decoded in the interval of the last since_last
 
     def since_last(self) -> Optional[float]:
         if self._decoder is None:
             return None
         now = self._decoder.lane_rate()
         rows, seconds = now[0] - self._last[0], now[1] - self._last[1]
-        self._last, self.rows = now, rows
+        self._last = now
         return rows / seconds if seconds > 0 else None
 
 
