@@ -43,10 +43,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from infcl_ds.config.recipe import DataSection
 from infcl_ds.data.decoding.nvimgcodec_decode import GPU_BACKENDS
 
 from .common import run_identity, write_rows
 from .proc_cpu import thread_cpu_s
+
+# A scale part that does not set data.gpu_jpeg_library runs the recipe's default.
+DEFAULT_GPU_JPEG_LIBRARY = DataSection.model_fields["gpu_jpeg_library"].default
 
 DEFAULT_OUT = Path("docs/benchmarks/decode.json")
 PIECE = 1024         # images per batched decode: the lane's piece (data/decoding/decode_pool.py's rows)
@@ -477,7 +481,8 @@ def step_rows(train_rows: List[dict], scale_rows: List[dict]) -> List[dict]:
         line = next((said for said in r.get("planner_said", ()) if said.startswith("auto:")), "")
         chosen = re.search(r"data\.decoder=(\w+)", line)
         out.append({"kind": "step", **{k: r.get(k) for k in STEP_KEYS},
-                    "gpu_jpeg_library": last_set(sets, "data.gpu_jpeg_library"), "decoder": last_set(sets, "data.decoder"),
+                    "gpu_jpeg_library": last_set(sets, "data.gpu_jpeg_library", DEFAULT_GPU_JPEG_LIBRARY),
+                    "decoder": last_set(sets, "data.decoder"),
                     "gpu_decode_lanes": int(last_set(sets, "data.gpu_decode_lanes", 1)),
                     "decoder_resolved": chosen.group(1) if chosen else None, "auto_line": line, "step_s": r["step_s"],
                     "part": r["part"], "synthetic_samples_per_s": None, "vs_synthetic": None})

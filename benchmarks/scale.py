@@ -111,6 +111,9 @@ PARTS = {p.name: p for p in (
     # decode, so `auto` is to bring in the GPU's JPEG engines (nvImageCodec, the gpu-decode extra)
     Part("four-gpu-b32-2m", 2048 * 1024, 512, 4, 1, 3, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),
+    # the same with the default library (torchvision), long enough for `auto`'s split to move to
+    # the rates of steps 2-3 and for step 5, whose batch was assembled after the move, to show it
+    Part("four-gpu-b32-2m-moving", 2048 * 1024, 512, 4, 1, 5, model="ViT-B-32", sets=("data.decoder=auto",)),
     # the same load per GPU on a two-GPU host: a rank's step as on four, a ring of two
     Part("two-gpu-b32-1m", 1024 * 1024, 256, 2, 1, 2, model="ViT-B-32",
          sets=("data.decoder=auto", "data.gpu_jpeg_library=nvimgcodec")),

@@ -18,6 +18,9 @@
 #   timeout 560 bash launch/bench_scale.sh wait 500         #  then waited for, with the same SCALE_OUT;
 #                                                           #  ~15 min in all; the wait counts from its
 #                                                           #  process's start, the timeout is a backstop)
+#   HOST_MEMORY=500GiB bash launch/bench_decode.sh b32-2m-moving   # the same, default library, 5 steps:
+#                                                           #  auto's split moved after step 3, step 5 at
+#                                                           #  it (~21 min: start + wait 540, wait 560, wait)
 #   HOST_MEMORY=250GiB bash launch/bench_decode.sh b32-1m   # its load per GPU on a 2-GPU host, 2 steps
 #   bash launch/bench_decode.sh b32-128k   # ViT-B-32 at 128k on a one-GPU machine, 7 steps (~6 min): auto's
 #                                          #  split moved to the run's own rates (then bench_scale.sh wait)
@@ -143,6 +146,7 @@ while [ $# -gt 0 ]; do
                cp "$work/vs/vs_open_clip.json" "$out/vs_open_clip-b32.json"
                wait $made ;;
     b32-2m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m ;;
+    b32-2m-moving) SCALE_OUT=$scale_out bash launch/bench_scale.sh start four-gpu-b32-2m-moving ;;
     b32-1m) SCALE_OUT=$scale_out bash launch/bench_scale.sh start two-gpu-b32-1m ;;
     b32-128k) SCALE_OUT=$scale_out bash launch/bench_scale.sh start one-gpu-b32-128k ;;
     steps) steps_from=$(printf '%s,' "$out"/decode_steps-*.json)

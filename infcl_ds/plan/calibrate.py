@@ -10,10 +10,11 @@ activations.json (other models' entries are kept), and the compiled towers' rate
 compiled rows of --compiled (docs/benchmarks/vs_open_clip.json). Run from a checkout; the files ship in
 the wheel.
 
---decode FILE: the GPU decoder's rates of benchmarks/decode.py's rows (docs/benchmarks/decode.json)
-into decode_rates.json: per data.gpu_jpeg_library, the decodes per second beside training of
-the decoder the trainer builds, on the photos shards, and how many times longer the towers'
-passes took beside it. --decode-lanes FILE: how those change with several decoding threads
+--decode FILE: the GPU decoder's rates of benchmarks/decode.py's rows (docs/benchmarks/decode.json,
+or decode_variants.json with its rows beside a compiled tower) into decode_rates.json: per
+data.gpu_jpeg_library, the decodes per second beside training of the decoder the trainer builds,
+on the photos shards (beside a compiled tower where the file has such a row), and how many times
+longer the towers' passes took beside it. --decode-lanes FILE: how those change with several decoding threads
 (data.gpu_decode_lanes), from the lanes-N rows of docs/benchmarks/decode_variants.json.
 
 --check: the planner, with the constants in the code, against the peaks measured in
@@ -172,13 +173,26 @@ def write_compiled_calibration(vs_path: Path, out: Path = CALIBRATION) -> List[s
 
 # benchmarks/decode.py's backend row that is the decoder the trainer builds, per library
 TRAINERS_BACKEND = {"torchvision": "nvjpeg", "nvimgcodec": "trainer's"}
+# decode_variants.json's variants (decode.json's rows have none) that run the decoder as the
+# trainer does: one lane, the towers' stream priority, in the training process.
+TRAINERS_VARIANTS = (None, "none", "compiled")
 
 
-def _trainers_rows(rows: List[dict], library: str) -> List[dict]:
-    """`library`'s rows of the trainer's decoder beside training on the photos shards, timed."""
+def _trainers_decoder_rows(rows: List[dict], library: str) -> List[dict]:
+    """`library`'s rows of the trainer's decoder beside training on the photos shards, timed,
+    of every variant."""
     return [r for r in rows if r.get("kind") == "decoder" and r.get("shards") == "photos"
             and r.get("beside_training") and r.get("gpu_jpeg_library") == library
             and r.get("backend") == TRAINERS_BACKEND[library] and r.get("images_per_s")]
+
+
+def _trainers_rows(rows: List[dict], library: str) -> List[dict]:
+    """_trainers_decoder_rows run as the trainer runs them (TRAINERS_VARIANTS), those beside a
+    compiled tower first: the trainer compiles its towers on a GPU (model.compile: auto), and
+    beside them the decoder is slower (2,526 photos/s against 2,993 through nvImageCodec,
+    decode_variants.json)."""
+    rows = [r for r in _trainers_decoder_rows(rows, library) if r.get("variant") in TRAINERS_VARIANTS]
+    return sorted(rows, key=lambda r: not r.get("towers_compiled"))
 
 
 def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List[str]:
@@ -201,8 +215,9 @@ def write_decode_calibration(decode_path: Path, out: Path = CALIBRATION) -> List
         rates[f"{key}_source"] = (
             f"docs/benchmarks/{Path(decode_path).name}, commit {row.get('commit')}, {row.get('device')}: the "
             f"trainer's piece decoder through {library} on the photos shards ({row['bytes_per_image']:,.0f} B a JPEG), "
-            f"{row['images']:,} images in pieces of {row['piece']:,} beside a {row.get('towers_model')} tower training "
-            f"on the same GPU, whose passes took x{row.get('towers_slowdown') or 1:.3f} as long beside it")
+            f"{row['images']:,} images in pieces of {row['piece']:,} beside a {row.get('towers_model')} tower "
+            f"({'compiled' if row.get('towers_compiled') else 'eager'}) training on the same GPU, whose passes took "
+            f"x{row.get('towers_slowdown') or 1:.3f} as long beside it")
         written.append(library)
     _write_json(out / "decode_rates.json", rates)
     return written
@@ -221,7 +236,7 @@ def write_decode_lanes_calibration(variants_path: Path, out: Path = CALIBRATION)
     rates = json.loads((out / "decode_rates.json").read_text())
     written = []
     for library, key in GPU_DECODER_KEYS.items():
-        rows = {int(m.group(1)): r for r in _trainers_rows(data["rows"], library)
+        rows = {int(m.group(1)): r for r in _trainers_decoder_rows(data["rows"], library)
                 if (m := re.fullmatch(r"lanes-(\d+)", str(r.get("variant"))))}
         one = rows.get(1)
         if one is None or len(rows) < 2:

@@ -69,3 +69,27 @@ def test_a_new_rate_never_keeps_an_older_runs_slowdown_and_noise_below_one_is_on
     assert calibrate.main(["--decode", str(decode_json(tmp_path, 9500.0, None)), "--out", str(out)]) == 0
     rates = json.loads((out / "decode_rates.json").read_text())
     assert rates["nvimgcodec_per_gpu"] == 9500.0 and "nvimgcodec_towers_slowdown" not in rates
+
+
+def test_the_rate_beside_a_compiled_tower_wins_and_other_variants_are_not_the_trainers(tmp_path):
+    """The trainer compiles its towers on a GPU (model.compile: auto): a file of variants gives
+    the rate of the row beside a compiled tower, never a variant the trainer does not run (a
+    high-priority stream, several lanes)."""
+    base = json.loads(decode_json(tmp_path, 3000.0, 1.12).read_text())["rows"][1]
+    rows = [dict(base, variant="priority", images_per_s=9999.0, towers_compiled=False),
+            dict(base, variant="lanes-4", images_per_s=8888.0, towers_compiled=False),
+            dict(base, variant="none", images_per_s=3000.0, towers_compiled=False),
+            dict(base, variant="compiled", images_per_s=2500.0, towers_slowdown=1.06, towers_compiled=True)]
+    path = tmp_path / "variants.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    out = tmp_path / "calibration"
+    shutil.copytree(CALIBRATION, out)
+    assert calibrate.main(["--decode", str(path), "--out", str(out)]) == 0
+    rates = json.loads((out / "decode_rates.json").read_text())
+    assert (rates["nvimgcodec_per_gpu"], rates["nvimgcodec_towers_slowdown"]) == (2500.0, 1.06)
+    assert "(compiled)" in rates["nvimgcodec_source"]
+    # without the compiled row, the eager one of the trainer's set-up
+    path.write_text(json.dumps({"meta": {}, "rows": rows[:3]}))
+    assert calibrate.main(["--decode", str(path), "--out", str(out)]) == 0
+    rates = json.loads((out / "decode_rates.json").read_text())
+    assert rates["nvimgcodec_per_gpu"] == 3000.0 and "(eager)" in rates["nvimgcodec_source"]
