@@ -176,4 +176,5 @@ def test_hybrids_rows_kept_in_the_pools_window_are_the_processes_alone_and_balan
     assert share > footprint.hybrid_gpu_share(data) == pytest.approx(gpu / (gpu + cpu))
     split = fewer.decodes - fewer.host_kept
     assert share * split / gpu == pytest.approx(((1 - share) * split + 128) / cpu)  # both busy alike
-    assert footprint.hybrid_gpu_share(data, step.decodes, step.host_kept) == 1.0  # at most every other row
+    # where the processes' rows alone outlast the GPU's every other row: all of those, no more
+    assert footprint.balanced_gpu_share(500.0, 300.0, step.decodes, step.host_kept) == 1.0
