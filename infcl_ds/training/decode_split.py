@@ -66,7 +66,12 @@ class SplitWatch:
     WAIT_WORTH_A_LINE or more of their time, mostly for the rows of the decoder the balance would
     unload, and the share their rates balance is SHARE_CLOSE_ENOUGH or more from the current one,
     the split moves to it; `speaks` (rank 0) says
-    so each time. Else rank 0 prints split_advice's line once."""
+    so each time. Else rank 0 prints split_advice's line once.
+
+    A decoder's busy rate is not its own: the GPU decoder's calls wait on the towers, which wait
+    less for it when it has fewer rows (one H200: 2,148 rows/s at a share of 0.533, 5,069 at
+    0.411), so a balance from one split's rates can overshoot. The watch keeps the shares at which
+    each decoder's rows held the steps, and a balance past one of those moves halfway to it."""
 
     def __init__(self, decoder, first_step: int, rebalance: bool = False, speaks: bool = True, out=None):
         self._decoder = decoder if decoder is not None and getattr(decoder, "splits", False) else None
@@ -74,6 +79,10 @@ class SplitWatch:
         self._rebalance, self._speaks, self._out = rebalance, speaks, out
         self._last = self._totals()
         self._steps: deque = deque(maxlen=MIN_STEPS_MEASURED)  # (share, totals before, wait_s, step_s)
+        # The last share at which the GPU decoder's rows held the steps, and the last at which the
+        # processes' did: the share that balances them lies between.
+        self._gpu_held_at: Optional[float] = None
+        self._pool_held_at: Optional[float] = None
         self.said: Optional[str] = None
 
     def _totals(self) -> Tuple[tuple, tuple]:
@@ -117,16 +126,35 @@ class SplitWatch:
         else:
             if step_s <= 0 or wait_s < WAIT_WORTH_A_LINE * step_s:
                 return None
+            target, halfway = self._bracketed(current, balanced)
             # each decoder keeps some rows of each split chunk: a decoder given none has no rate to read
-            balanced = min(max(balanced, MOVED_SHARE_BOUNDS[0]), MOVED_SHARE_BOUNDS[1])
-            if abs(balanced - current) < SHARE_CLOSE_ENOUGH:
+            target = min(max(target, MOVED_SHARE_BOUNDS[0]), MOVED_SHARE_BOUNDS[1])
+            if abs(target - current) < SHARE_CLOSE_ENOUGH:
                 return None
-            self._decoder.set_gpu_share(balanced)
+            self._decoder.set_gpu_share(target)
+            why = (f"; halfway to {halfway:.3f}, where the other decoder's rows held the steps, not {balanced:.3f}"
+                   if halfway is not None else "")
             line = (f"decoding: steps {first}-{step} waited {wait_s:.1f} s of {step_s:.1f} s for decoded rows, "
                     f"{gpu_wait_s:.1f} s of it for the GPU decoder's; at their rates ({workers} processes x "
                     f"{per_process:,.0f} rows/s, the GPU decoder {gpu_rate:,.0f} rows/s) data.gpu_decode_share "
-                    f"{current:.3f} -> {balanced:.3f} (auto) from the next batch assembled")
+                    f"{current:.3f} -> {target:.3f} (auto{why}) from the next batch assembled")
         if line and self._speaks:
             self.said = line
             print(line, file=self._out or sys.stderr, flush=True)
         return line
+
+    def _bracketed(self, current: float, balanced: float) -> Tuple[float, Optional[float]]:
+        """(the share to move to, the share it went halfway to or None): `balanced` where it
+        stays on this side of the nearest share at which the other decoder's rows held the
+        steps, else halfway to that share. Records `current` as held by the decoder the move
+        unloads. The split so stays strictly between the two records, which close in on the
+        share both decoders' rows allow (kept for the run: a host's rates drift little)."""
+        if balanced < current:  # the GPU decoder's rows held these steps
+            self._gpu_held_at = current
+            bound = self._pool_held_at
+            past = bound is not None and balanced <= bound
+        else:
+            self._pool_held_at = current
+            bound = self._gpu_held_at
+            past = bound is not None and balanced >= bound
+        return ((current + bound) / 2, bound) if past else (balanced, None)

@@ -167,9 +167,9 @@ def test_a_moved_split_leaves_each_decoder_some_rows_so_its_rate_stays_readable(
         watch.step(step, 0.5, 30.0, 100.0, 25.0)
     assert decoder.moves == [0.02]
     for step in (4, 5, 6):  # step 4: the batch assembled before the move; 5-6 read the new split
-        decoder.decode(100_000, per_process=200.0, gpu=2600.0, share=0.5 if step == 4 else None)
+        decoder.decode(100_000, per_process=200.0, gpu=2000.0, share=0.5 if step == 4 else None)
         watch.step(step, 0.5 if step == 4 else 0.02, 30.0, 100.0, 25.0 if step == 4 else 5.0)
-    assert decoder.moves == [0.02, pytest.approx(2600 / (2600 + 13 * 200.0), abs=1e-3)]
+    assert decoder.moves == [0.02, pytest.approx(2000 / (2000 + 13 * 200.0), abs=1e-3)]  # below 0.5, where the GPU held
 
 
 @pytest.mark.parametrize("rebalance", [False, True])
@@ -183,3 +183,40 @@ def test_no_move_where_the_engine_waited_on_the_decoder_the_balance_would_load(r
         decoder.decode(600_000, per_process=199.0, gpu=2105.0)
         assert watch.step(step, 0.953, 39.9, 159.8, 4.0) is None
     assert not decoder.moves
+
+
+
+def test_a_balance_past_a_share_where_the_other_decoder_held_the_steps_moves_halfway():
+    """One H200, ViT-B-32 at 131,072: at 0.533 the GPU decoder's rows held the steps and its rate
+    read 2,148 rows/s, so the balance said 0.411; at 0.411 the processes' rows held them and the
+    GPU decoder read 5,069 rows/s, so the balance said 0.597, past 0.533. The split goes halfway,
+    0.472; where the GPU's rows hold it there, halfway back down; then the halves are smaller
+    than SHARE_CLOSE_ENOUGH and it stays."""
+    decoder = FakeDecoder(share=0.533)
+    watch = SplitWatch(decoder, first_step=0, rebalance=True, out=io.StringIO())
+    slow, fast = dict(per_process=285.0, gpu=2148.0), dict(per_process=263.0, gpu=5069.0)
+    gpu_held, pool_held = dict(wait_s=5.0, step_s=28.0, gpu_wait_s=4.0), dict(wait_s=12.0, step_s=38.0, gpu_wait_s=1.0)
+
+    def three_steps(first, before, rates, waits):
+        """Step `first` trains the batch assembled at `before` (the run's first step, or the batch
+        in flight at the last move: not read), then two steps at the split in force."""
+        decoder.decode(131_072, **rates, share=before)
+        watch.step(first, before, **waits)
+        for step in (first + 1, first + 2):
+            decoder.decode(131_072, **rates)
+            line = watch.step(step, decoder.gpu_share, **waits)
+        return line
+
+    three_steps(1, 0.533, slow, gpu_held)
+    low = decoder.gpu_share
+    assert decoder.moves == [pytest.approx(2148.0 / (2148.0 + 13 * 285.0), abs=1e-3)]
+    line = three_steps(4, 0.533, fast, pool_held)
+    assert 5069.0 / (5069.0 + 13 * 263.0) > 0.533  # the balance alone would overshoot the start
+    middle = decoder.gpu_share
+    assert middle == pytest.approx((low + 0.533) / 2)
+    assert "halfway to 0.533, where the other decoder's rows held the steps, not 0.597" in line
+    three_steps(7, low, slow, gpu_held)  # the GPU's rows hold the steps at the middle: halfway down
+    lower = decoder.gpu_share
+    assert lower == pytest.approx((low + middle) / 2)
+    three_steps(10, middle, fast, pool_held)  # halfway up would be less than 0.03: it stays
+    assert decoder.gpu_share == lower and len(decoder.moves) == 3
