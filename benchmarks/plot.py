@@ -276,33 +276,40 @@ def plot_scale(json_path: Path, png_path: Path) -> None:
     save(fig, png_path)
 
 
-def plot_split_moves(json_path: Path, png_path: Path) -> None:
-    """A run's steps with `hybrid` (docs/benchmarks/split_moves.json, metrics.csv's columns): the
-    step and its wait for decoded rows, and each decoder's rate beside the GPU's share."""
+def plot_split_moves(json_path: Path, part: str, png_path: Path) -> None:
+    """One run's steps with `hybrid` (a row of docs/benchmarks/scale.json, rank 0's metrics.csv
+    columns): the step and its wait for decoded rows, and each decoder's rate beside the GPU's
+    share of the step's chunks."""
     plt = pyplot()
     data = json.loads(Path(json_path).read_text())
-    rows, meta = data["rows"], data["meta"]
-    steps = [int(r["step"]) for r in rows]
+    row = next(r for r in data["rows"] if r["part"] == part)
+    steps = row["steps"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.bar(steps, [r["step_s"] for r in rows], color="tab:blue", label="step")
-    left.bar(steps, [r["decode_wait_s"] for r in rows], color="tab:red", label="of it waiting for decoded rows")
+    left.bar(steps, row["steps_s"], color="tab:blue", label="step")
+    left.bar(steps, row["decode_waits_s"], color="tab:red", label="of it waiting for decoded rows")
+    if len(row.get("decode_waits_gpu_s") or ()) == len(steps):
+        left.bar(steps, row["decode_waits_gpu_s"], color="tab:purple", label="of it for the GPU decoder's rows")
     left.set_xlabel("step")
     left.set_ylabel("seconds")
     left.set_xticks(steps)
-    left.legend()
-    workers = meta["decode_workers"]
-    right.plot(steps, [r["decode_gpu_rows_per_s"] for r in rows], "o-", label="GPU decoder, rows/s of busy time")
-    right.plot(steps, [workers * r["decode_rows_per_process_s"] for r in rows], "s-",
-               label=f"{workers} decode processes, rows/s of busy time")
+    left.legend(fontsize=8)
+    workers = next((int(m) for m in re.findall(r"data\.decode_workers=(\d+)", " ".join(row.get("planner_said", ())))),
+                   None)
+    right.plot(steps, row["decode_gpu_rows_per_s"], "o-", label="GPU decoder, rows/s of busy time")
+    per_process = row.get("decode_rows_per_process_steps") or []
+    if workers and len(per_process) == len(steps):
+        right.plot(steps, [workers * r for r in per_process], "s-",
+                   label=f"{workers} decode processes, rows/s of busy time")
     right.set_xlabel("step")
     right.set_ylabel("rows / s")
     right.set_xticks(steps)
     share = right.twinx()
-    share.plot(steps, [r["decode_gpu_share"] for r in rows], "k--", label="GPU's share of each chunk")
+    share.plot(steps, row["decode_gpu_shares"], "k--", label="GPU's share of each chunk")
     share.set_ylim(0, 1)
     share.set_ylabel("data.gpu_decode_share")
     lines = right.get_legend_handles_labels()
     more = share.get_legend_handles_labels()
     right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="lower left")
-    fig.suptitle(f"hybrid's split on {meta.get('device', '')}, commit {short_commit(meta.get('commit', ''))}")
+    fig.suptitle(f"{part}: {row.get('model')} at {row.get('B'):,} on {row.get('world')} x {row.get('device', '')}, "
+                 f"hybrid's split, rank 0; commit {short_commit(row.get('commit', ''))}")
     save(fig, png_path)

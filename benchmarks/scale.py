@@ -503,6 +503,8 @@ def step_figures(steps: List[dict], batch: int) -> dict:
                          for name in ("encode", "loss", "reencode", "optimizer") if all(f"{name}_s" in s for s in timed)},
             # one decode process's rows per second of its own time (rank 0's): the planner's rate here
             "decode_rows_per_process_s": sum(rates) / len(rates) if rates else None,
+            "decode_rows_per_process_steps": [round(s["decode_rows_per_process_s"], 1) for s in steps
+                                              if "decode_rows_per_process_s" in s],
             # the share of each timed step rank 0's decode processes spent decoding (near 1: they bind)
             "decode_busy_shares": [round(s["decode_busy_share"], 3) for s in timed if "decode_busy_share" in s],
             # rank 0's GPU decoder: its rows per second of busy time, and its share of each step's chunks
@@ -518,6 +520,14 @@ def planner_lines(ran: Ran) -> List[str]:
     return [line.strip() for line in text.splitlines() if "read from this node" in line or "assumed" in line]
 
 
+def split_lines(ran: Ran) -> List[str]:
+    """What rank 0 said of `hybrid`'s split during the run (training/decode_split.py): each move,
+    or the advice for a share the recipe set."""
+    text = ran.launches[0].log.read_text(errors="replace")
+    return [line.strip() for line in text.splitlines()
+            if line.strip().startswith("decoding:") and "data.gpu_decode_share" in line]
+
+
 def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict:
     """The keys every row has; measured figures are filled in by the caller."""
     return {"part": part.name, "model": "infcl-tiny" if setup.cpu else part.model, "B": batch_of(part, setup),
@@ -528,7 +538,7 @@ def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict
             # two "nodes" on one host share its memory: the planner's figure is per node
             "plan_host_gib": plan["plan_node_host_gib"] * nodes, "plan_peak_mib": plan["plan_peak_mib"],
             "plan_device_mib": plan["plan_device_mib"], "plan_fits": plan["plan_fits"],
-            "plan_sizes": plan["plan_sizes"], "planner_said": planner_lines(ran),
+            "plan_sizes": plan["plan_sizes"], "planner_said": planner_lines(ran), "split_said": split_lines(ran),
             "command": shlex.join(ran.launches[0].command),
             "commands": [shlex.join(launch.command) + f"   # cwd {launch.cwd}, CUDA_VISIBLE_DEVICES="
                          f"{launch.env.get('CUDA_VISIBLE_DEVICES', '(unset)')}" for launch in ran.launches],
@@ -766,21 +776,38 @@ def with_efficiency(rows: List[dict]) -> List[dict]:
 
 def save(setup: Setup, new: List[dict]) -> List[dict]:
     """Merge this invocation's rows into --out (a row replaces the earlier one of its part and
-    overrides) and draw."""
+    overrides; the file's note, which says where its rows ran, stays) and draw: the rows, and the
+    steps of each run whose split moved (scale_split-PART.png)."""
     kept = [r for r in previous_rows(setup.out) if run_key(r) not in {run_key(n) for n in new}]
+    note = json.loads(setup.out.read_text())["meta"].get("note") if setup.out.is_file() else None
     order = list(PARTS)
     rows = with_efficiency(sorted(kept + new, key=lambda r: order.index(r["part"]) if r["part"] in order else 99))
     identity = next((r for r in reversed(rows) if "device" in r), {})
     meta = {k: identity.get(k) for k in ("device", "torch", "triton", "commit")}
     meta.update(accelerator=setup.accelerator, work=str(setup.work), shards=str(setup.shards),
                 loss_rtol=LOSS_RTOL[setup.accelerator], plan_tolerance=PLAN_TOLERANCE)
+    if note:
+        meta["note"] = note
     write_rows(setup.out, rows, meta)
-    try:
-        from .plot import plot_scale
-        plot_scale(setup.out, setup.out.with_suffix(".png"))
-    except Exception as err:  # noqa: BLE001 - a plot never costs the rows
-        print(f"scale: no plot: {err}", file=sys.stderr)
+    from .plot import plot_scale, plot_split_moves
+    plots = [(plot_scale, (setup.out, setup.out.with_suffix(".png")))]
+    plots += [(plot_split_moves, (setup.out, row["part"], split_png(setup.out, row["part"]))) for row in new
+              if split_moved(row)]
+    for plot, args in plots:
+        try:
+            plot(*args)
+        except Exception as err:  # noqa: BLE001 - a plot never costs the rows
+            print(f"scale: no plot {args[-1].name}: {err!r}", file=sys.stderr)
     return rows
+
+
+def split_moved(row: dict) -> bool:
+    """Whether the run's `hybrid` split moved (data.gpu_decode_share auto following its rates)."""
+    return len(set(row.get("decode_gpu_shares") or ())) > 1
+
+
+def split_png(out: Path, part: str) -> Path:
+    return out.with_name(f"{out.stem}_split-{part}.png")
 
 
 def say(line: str) -> None:

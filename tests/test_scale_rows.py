@@ -121,3 +121,29 @@ def test_a_wait_counts_its_seconds_from_its_own_start(tmp_path, monkeypatch, cap
     assert wait(30.0, setup, started=began - 60.0) == 3
     assert time.monotonic() - began < 5.0
     assert "still running" in capsys.readouterr().out
+
+
+def test_a_merge_keeps_the_files_note_and_plots_the_steps_of_a_run_whose_split_moved(tmp_path):
+    """scale.json's note says where its rows ran: a merge keeps it. A run whose `hybrid` split
+    moved gets its steps drawn (scale_split-PART.png), from its row alone: each step's time, wait,
+    the decoders' rates and the split."""
+    import json
+
+    from benchmarks.scale import Setup, save, split_png, step_figures
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"meta": {"note": "rows of several runs"}, "rows": []}))
+    steps = [{"step": k, "loss": 11.8, "step_s": t, "decode_wait_s": w, "decode_wait_gpu_s": g,
+              "decode_rows_per_process_s": p, "decode_busy_share": 0.5, "decode_gpu_rows_per_s": r,
+              "decode_gpu_share": s}
+             for k, t, w, g, p, r, s in ((1, 54.2, 12.6, 9.6, 288.0, 2784.0, 0.533), (2, 25.4, 1.8, 0.0, 280.6, 1439.0, 0.533),
+                                         (3, 30.6, 8.1, 7.7, 288.6, 2738.0, 0.533), (4, 29.2, 7.5, 1.5, 254.4, 3752.0, 0.411))]
+    figures = step_figures(steps, 131072)
+    assert figures["decode_rows_per_process_steps"] == [288.0, 280.6, 288.6, 254.4]
+    moved = {**row("one-gpu-b32-128k", 4070.0, "a"), "set": [], "model": "ViT-B-32", "B": 131072, "world": 1,
+             "nodes": 1, "plan_step_s": 27.7, "host_gib": 17.7, "plan_host_gib": 19.3, "plan_peak_mib": 90347.0,
+             "planner_said": ["auto: data.decoder=hybrid; data.decode_workers=13 (read from this node)"], **figures}
+    still = {**moved, "part": "two-gpu-b32-1m", "decode_gpu_shares": [0.575, 0.575, 0.575]}
+    save(Setup("cuda", tmp_path, tmp_path, out, []), [moved, still])
+    assert json.loads(out.read_text())["meta"]["note"] == "rows of several runs"
+    assert split_png(out, "one-gpu-b32-128k").stat().st_size > 0
+    assert not split_png(out, "two-gpu-b32-1m").exists()
