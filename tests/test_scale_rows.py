@@ -135,8 +135,10 @@ def test_a_merge_keeps_the_files_note_and_plots_the_steps_of_a_run_whose_split_m
     steps = [{"step": k, "loss": 11.8, "step_s": t, "decode_wait_s": w, "decode_wait_gpu_s": g,
               "decode_rows_per_process_s": p, "decode_busy_share": 0.5, "decode_gpu_rows_per_s": r,
               "decode_gpu_share": s}
-             for k, t, w, g, p, r, s in ((1, 54.2, 12.6, 9.6, 288.0, 2784.0, 0.533), (2, 25.4, 1.8, 0.0, 280.6, 1439.0, 0.533),
-                                         (3, 30.6, 8.1, 7.7, 288.6, 2738.0, 0.533), (4, 29.2, 7.5, 1.5, 254.4, 3752.0, 0.411))]
+             for k, t, w, g, p, r, s in ((1, 54.2, 12.6, 9.6, 288.0, 2784.0, 0.533),
+                                         (2, 25.4, 1.8, 0.0, 280.6, 1439.0, 0.533),
+                                         (3, 30.6, 8.1, 7.7, 288.6, 2738.0, 0.533),
+                                         (4, 29.2, 7.5, 1.5, 254.4, 3752.0, 0.411))]
     figures = step_figures(steps, 131072)
     assert figures["decode_rows_per_process_steps"] == [288.0, 280.6, 288.6, 254.4]
     moved = {**row("one-gpu-b32-128k", 4070.0, "a"), "set": [], "model": "ViT-B-32", "B": 131072, "world": 1,

@@ -185,7 +185,6 @@ def test_no_move_where_the_engine_waited_on_the_decoder_the_balance_would_load(r
     assert not decoder.moves
 
 
-
 def test_a_balance_past_a_share_where_the_other_decoder_held_the_steps_moves_halfway():
     """One H200, ViT-B-32 at 131,072: at 0.533 the GPU decoder's rows held the steps and its rate
     read 2,148 rows/s, so the balance said 0.411; at 0.411 the processes' rows held them and the
