@@ -15,16 +15,25 @@ import torch
 from infcl_ds.parallel.comm import without_cpu_shared_memory_op
 
 
+def tree_commit(cwd: Path) -> str:
+    """The checkout's commit, with `-dirty` where its tracked files differ from it: a working
+    tree copied beside stale git metadata (a lent GPU machine's) then says so instead of passing
+    for the stale commit. "" outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=cwd, timeout=30)
+    try:
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        if commit and git("diff", "--quiet", "HEAD", "--").returncode == 1:
+            commit += "-dirty"
+        return commit
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def run_identity() -> Dict[str, str]:
     """Device, versions and commit, stamped on every row of a run."""
-    # INFCL_DS_COMMIT first: a copied working tree (GPU machines) may carry stale git metadata.
-    commit = os.environ.get("INFCL_DS_COMMIT", "")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            commit = ""
+    # INFCL_DS_COMMIT first: the commit a copied working tree was sent from.
+    commit = os.environ.get("INFCL_DS_COMMIT", "") or tree_commit(Path(__file__).resolve().parent)
     import triton
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
