@@ -32,5 +32,5 @@ def test_outside_a_checkout_there_is_no_commit(tmp_path, monkeypatch):
 
 
 def test_the_commit_a_tree_was_sent_from_wins(monkeypatch):
-    monkeypatch.setenv("INFCL_DS_COMMIT", "48259a2")
-    assert run_identity()["commit"] == "48259a2"
+    monkeypatch.setenv("INFCL_DS_COMMIT", "the-sent-commit")
+    assert run_identity()["commit"] == "the-sent-commit"
