@@ -514,22 +514,25 @@ def step_figures(steps: List[dict], batch: int) -> dict:
             "peak_mib": max(s.get("peak_mem_gib", 0.0) for s in steps) * 1024}
 
 
-def planner_lines(ran: Ran) -> List[str]:
+def launch_lines(ran: Ran) -> List[str]:
+    """The first launcher's log (rank 0 speaks there), line by line, stripped."""
+    return [line.strip() for line in ran.launches[0].log.read_text(errors="replace").splitlines()]
+
+
+def planner_lines(lines: List[str]) -> List[str]:
     """What train.sh's planner said about where the node's sizes came from."""
-    text = ran.launches[0].log.read_text(errors="replace")
-    return [line.strip() for line in text.splitlines() if "read from this node" in line or "assumed" in line]
+    return [line for line in lines if "read from this node" in line or "assumed" in line]
 
 
-def split_lines(ran: Ran) -> List[str]:
+def split_lines(lines: List[str]) -> List[str]:
     """What rank 0 said of `hybrid`'s split during the run (training/decode_split.py): each move,
     or the advice for a share the recipe set."""
-    text = ran.launches[0].log.read_text(errors="replace")
-    return [line.strip() for line in text.splitlines()
-            if line.strip().startswith("decoding:") and "data.gpu_decode_share" in line]
+    return [line for line in lines if line.startswith("decoding:") and "data.gpu_decode_share" in line]
 
 
 def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict:
     """The keys every row has; measured figures are filled in by the caller."""
+    lines = launch_lines(ran)
     return {"part": part.name, "model": "infcl-tiny" if setup.cpu else part.model, "B": batch_of(part, setup),
             "part_sets": [] if setup.cpu else list(part.sets),
             "world": part.gpus, "nodes": nodes, "impl": "infcl_ds", "data": "jpeg",
@@ -538,7 +541,7 @@ def base_row(part: Part, setup: Setup, plan: dict, ran: Ran, nodes: int) -> dict
             # two "nodes" on one host share its memory: the planner's figure is per node
             "plan_host_gib": plan["plan_node_host_gib"] * nodes, "plan_peak_mib": plan["plan_peak_mib"],
             "plan_device_mib": plan["plan_device_mib"], "plan_fits": plan["plan_fits"],
-            "plan_sizes": plan["plan_sizes"], "planner_said": planner_lines(ran), "split_said": split_lines(ran),
+            "plan_sizes": plan["plan_sizes"], "planner_said": planner_lines(lines), "split_said": split_lines(lines),
             "command": shlex.join(ran.launches[0].command),
             "commands": [shlex.join(launch.command) + f"   # cwd {launch.cwd}, CUDA_VISIBLE_DEVICES="
                          f"{launch.env.get('CUDA_VISIBLE_DEVICES', '(unset)')}" for launch in ran.launches],
