@@ -7,14 +7,23 @@ A row: `gpus` (the CUDA devices the run saw), `part`, `parts`, `round`, `passed`
 (failures and errors), `skipped`, `seconds` (pytest's own time), `failures` (the failing tests'
 ids), `device`, `commit`. A later run of the same part, split and round on as many GPUs replaces
 its row; the other rows stay. launch/bench_gpu_tests.sh runs the parts.
+
+    python -m benchmarks.gpu_tests durations --log times.jsonl --durations tests/gpu_durations.json
+
+turns the log of a whole pass (benchmarks/pytest_log.py) into the durations file pytest-split
+reads (`tests/run.sh --gpu --part K/N`) and its outcomes into the row of round 0: that pass,
+split by nothing (part 1 of 1), its `seconds` the tests' own times summed over the commands it
+took.
 """
 import argparse
 import json
+import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import List
 
 from .common import run_identity, write_rows
+from .pytest_log import read_log
 
 DEFAULT_OUT = Path("docs/benchmarks/gpu_tests.json")
 
@@ -49,7 +58,42 @@ def merged(out: Path, row: dict) -> List[dict]:
     return [r for r in old if row_key(r) != row_key(row)] + [row]
 
 
+def log_counts(path: Path) -> dict:
+    """junit_counts' fields from a pass's log (benchmarks/pytest_log.py)."""
+    logged = read_log(path)
+    outcomes = [entry["outcome"] for entry in logged.values()]
+    return {"passed": outcomes.count("passed"), "failed": outcomes.count("failed"),
+            "skipped": outcomes.count("skipped"),
+            "seconds": round(sum(entry["seconds"] for entry in logged.values()), 3),
+            "failures": sorted(test for test, entry in logged.items() if entry["outcome"] == "failed")}
+
+
+def durations_main(argv) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_tests durations",
+                                description="a whole pass's log as pytest-split's durations and the row of round 0")
+    p.add_argument("--log", type=Path, required=True, help="the pass's log (benchmarks/pytest_log.py)")
+    p.add_argument("--durations", type=Path, required=True, help="pytest-split's file to write")
+    p.add_argument("--gpus", type=int, required=True, help="the CUDA devices the pass ran on")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    logged = read_log(args.log)
+    if not logged:
+        raise SystemExit(f"{args.log}: no test logged")
+    args.durations.write_text(json.dumps({test: entry["seconds"] for test, entry in sorted(logged.items())},
+                                         indent=4) + "\n")
+    identity = run_identity()
+    row = {"gpus": args.gpus, "part": 1, "parts": 1, "round": 0, **log_counts(args.log), **identity}
+    write_rows(args.out, merged(args.out, row), identity)
+    print(f"durations of {len(logged)} tests on {args.gpus} GPU(s) into {args.durations}: {row['passed']} passed, "
+          f"{row['failed']} failed, {row['skipped']} skipped, {row['seconds']:.0f} s of tests"
+          + (f"; failed: {', '.join(row['failures'])}" if row["failures"] else ""), flush=True)
+    return row
+
+
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["durations"]:
+        return durations_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_tests", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--junit", type=Path, required=True, help="pytest's --junitxml file of the part's run")

@@ -14,9 +14,9 @@
 # fails when a test file of the kernels, rings, losses or engine carries none.
 #
 # --part K/N: the marked tests split into N parts of about equal time (pytest-split, with the
-# durations measured on a two-GPU machine in tests/gpu_durations.json), so that each part fits a
-# bounded command; the N parts together are the whole marked set. Refresh the durations with
-# `--store-durations` (merged into the file).
+# durations measured on a four-GPU machine in tests/gpu_durations.json), so that each part fits a
+# bounded command; the N parts together are the whole marked set. launch/bench_gpu_tests.sh
+# `durations` measures them again.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0

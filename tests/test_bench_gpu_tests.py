@@ -1,11 +1,17 @@
 """benchmarks/gpu_tests.py: a part's pytest run (its JUnit XML) as a row of gpu_tests.json, the
-outcomes counted as pytest counts them, a rerun of the same part and round replacing its row."""
+outcomes counted as pytest counts them, a rerun of the same part and round replacing its row;
+benchmarks/pytest_log.py: a pass cut by its time limit goes on where it stopped, and its log
+becomes pytest-split's durations."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from benchmarks.gpu_tests import junit_counts, main
+from benchmarks.pytest_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +42,64 @@ def test_a_real_pytest_runs_outcomes_become_a_row_and_a_rerun_replaces_it(tmp_pa
     assert [(r["part"], r["parts"], r["round"]) for r in rows] == [(1, 3, 2), (1, 3, 1)]
 
 
+SAMPLE_PASS = (
+    "import os, time, pytest\n"
+    "def test_a(): pass\n"
+    "def test_b(): assert 1 == 2\n"
+    "@pytest.mark.skip(reason='gloo only')\n"
+    "def test_c(): pass\n"
+    "def test_d():\n"
+    "    if os.environ.get('HANG'):\n"
+    "        open(os.environ['HANG'], 'w').close()\n"
+    "        time.sleep(60)\n"
+    "@pytest.fixture\n"
+    "def broken(): raise RuntimeError('setup')\n"
+    "def test_e(broken): pass\n"
+    "def test_f(): time.sleep(0.2)\n")
+
+
+def _pass(tmp_path, log, **env):
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.pytest_log",
+                             "--test-log", str(log), str(tmp_path / "test_sample.py")], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_pass_cut_by_sigint_goes_on_where_it_stopped_and_becomes_the_durations(tmp_path):
+    """The plugin logs each test as it ends; SIGINT (bench_gpu_tests.sh's time limit) in the
+    middle of a test leaves that test unlogged, and the next run runs it and only what is left.
+    The whole log is pytest-split's durations and the row of round 0."""
+    (tmp_path / "test_sample.py").write_text(SAMPLE_PASS)
+    log, hanging = tmp_path / "log.jsonl", tmp_path / "hanging"
+    cut = _pass(tmp_path, log, HANG=str(hanging))
+    deadline = time.monotonic() + 60
+    while not hanging.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hanging.exists(), cut.communicate(timeout=60)[0]
+    cut.send_signal(signal.SIGINT)
+    cut.communicate(timeout=60)
+    first = read_log(log)
+    assert sorted(t.rsplit("::", 1)[1] for t in first) == ["test_a", "test_b", "test_c"]
+    with log.open("a") as f:
+        f.write('{"test": "cut short')  # a line a kill cut: left out, its test runs again
+    rest = _pass(tmp_path, log)
+    out = rest.communicate(timeout=120)[0]
+    assert "3 deselected" in out, out
+    logged = read_log(log)
+    assert {t.rsplit("::", 1)[1]: e["outcome"] for t, e in logged.items()} == {
+        "test_a": "passed", "test_b": "failed", "test_c": "skipped", "test_d": "passed", "test_e": "failed",
+        "test_f": "passed"}
+    assert logged[next(t for t in logged if t.endswith("test_f"))]["seconds"] >= 0.2
+    durations, rows = tmp_path / "gpu_durations.json", tmp_path / "gpu_tests.json"
+    row = main(["durations", "--log", str(log), "--durations", str(durations), "--gpus", "4", "--out", str(rows)])
+    assert json.loads(durations.read_text()) == {t: e["seconds"] for t, e in logged.items()}
+    assert (row["round"], row["part"], row["parts"], row["passed"], row["failed"], row["skipped"]) == (0, 1, 1, 3, 2, 1)
+    assert [r["round"] for r in json.loads(rows.read_text())["rows"]] == [0]
+
+
 def test_the_gpu_plan_script_says_its_parts_without_running_any():
-    for argv in ([], ["round", "1"], ["durations", "two"], ["rounds", "1", "1/2"]):
+    for argv in ([], ["round", "1"], ["durations", "two"], ["durations", "1/2"], ["durations", "500", "/no/log"],
+                 ["rounds", "1", "1/2"]):
         done = subprocess.run(["bash", str(ROOT / "launch" / "bench_gpu_tests.sh"), *argv], capture_output=True,
                               text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": "/nonexistent-out"})
         assert done.returncode == 2, (argv, done.stderr)
