@@ -3,8 +3,8 @@
     python -m pytest -p benchmarks.pytest_log --test-log times.jsonl -m gpu
 
 Each test's outcome and seconds (setup, call and teardown together, as pytest-split counts them)
-are appended to the log as one JSON line when its teardown ends, and the tests the log already
-holds are left out. A whole pass over the marked tests therefore survives its command's time limit:
+are appended to the log as one JSON line when its teardown ends (a module skipped whole, as one
+skipped entry), and the tests the log already holds are left out. A whole pass over the marked tests therefore survives its command's time limit:
 the next command goes on from the last logged test (launch/bench_gpu_tests.sh `durations`), and
 `python -m benchmarks.gpu_tests durations` turns the log into tests/gpu_durations.json.
 """
@@ -62,6 +62,11 @@ class PassLog:
             items[:] = [item for item in items if item.nodeid not in logged]
             config.hook.pytest_deselected(items=done)
 
+    def pytest_collectreport(self, report):
+        # a module skipped as a whole (a missing extra) has no tests' reports: it is logged as one
+        if report.skipped:
+            self._write({"test": report.nodeid, "seconds": 0.0, "outcome": "skipped"})
+
     def pytest_runtest_logreport(self, report):
         test = report.nodeid
         self.seconds[test] = self.seconds.get(test, 0.0) + report.duration
@@ -72,10 +77,12 @@ class PassLog:
         elif report.when == "call" and test not in self.outcome:
             self.outcome[test] = "passed"
         if report.when == "teardown":
-            entry = {"test": test, "seconds": round(self.seconds.pop(test), 3),
-                     "outcome": self.outcome.pop(test, "passed")}
-            # one line, flushed to disk before the next test starts: a kill loses at most that test
-            with self.path.open("a") as log:
-                log.write(json.dumps(entry) + "\n")
-                log.flush()
-                os.fsync(log.fileno())
+            self._write({"test": test, "seconds": round(self.seconds.pop(test), 3),
+                         "outcome": self.outcome.pop(test, "passed")})
+
+    def _write(self, entry: dict) -> None:
+        # one line, flushed to disk before the next test starts: a kill loses at most that test
+        with self.path.open("a") as log:
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            os.fsync(log.fileno())

@@ -60,7 +60,7 @@ SAMPLE_PASS = (
 
 def _pass(tmp_path, log, **env):
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.pytest_log",
-                             "--test-log", str(log), str(tmp_path / "test_sample.py")], cwd=tmp_path,
+                             "--test-log", str(log), str(tmp_path / "test_sample.py"), str(tmp_path / "test_extra.py")], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -70,6 +70,7 @@ def test_a_pass_cut_by_sigint_goes_on_where_it_stopped_and_becomes_the_durations
     middle of a test leaves that test unlogged, and the next run runs it and only what is left.
     The whole log is pytest-split's durations and the row of round 0."""
     (tmp_path / "test_sample.py").write_text(SAMPLE_PASS)
+    (tmp_path / "test_extra.py").write_text("import pytest\npytest.skip('needs an extra', allow_module_level=True)\n")
     log, hanging = tmp_path / "log.jsonl", tmp_path / "hanging"
     cut = _pass(tmp_path, log, HANG=str(hanging))
     deadline = time.monotonic() + 60
@@ -79,21 +80,21 @@ def test_a_pass_cut_by_sigint_goes_on_where_it_stopped_and_becomes_the_durations
     cut.send_signal(signal.SIGINT)
     cut.communicate(timeout=60)
     first = read_log(log)
-    assert sorted(t.rsplit("::", 1)[1] for t in first) == ["test_a", "test_b", "test_c"]
+    assert sorted(t.rsplit("::", 1)[-1] for t in first) == ["test_a", "test_b", "test_c", "test_extra.py"]
     with log.open("a") as f:
         f.write('{"test": "cut short')  # a line a kill cut: left out, its test runs again
     rest = _pass(tmp_path, log)
     out = rest.communicate(timeout=120)[0]
     assert "3 deselected" in out, out
     logged = read_log(log)
-    assert {t.rsplit("::", 1)[1]: e["outcome"] for t, e in logged.items()} == {
+    assert {t.rsplit("::", 1)[-1]: e["outcome"] for t, e in logged.items()} == {
         "test_a": "passed", "test_b": "failed", "test_c": "skipped", "test_d": "passed", "test_e": "failed",
-        "test_f": "passed"}
+        "test_f": "passed", "test_extra.py": "skipped"}
     assert logged[next(t for t in logged if t.endswith("test_f"))]["seconds"] >= 0.2
     durations, rows = tmp_path / "gpu_durations.json", tmp_path / "gpu_tests.json"
     row = main(["durations", "--log", str(log), "--durations", str(durations), "--gpus", "4", "--out", str(rows)])
     assert json.loads(durations.read_text()) == {t: e["seconds"] for t, e in logged.items()}
-    assert (row["round"], row["part"], row["parts"], row["passed"], row["failed"], row["skipped"]) == (0, 1, 1, 3, 2, 1)
+    assert (row["round"], row["part"], row["parts"], row["passed"], row["failed"], row["skipped"]) == (0, 1, 1, 3, 2, 2)
     assert [r["round"] for r in json.loads(rows.read_text())["rows"]] == [0]
 
 
