@@ -1,6 +1,6 @@
 """A pytest plugin that logs each test as it ends and resumes where a cut run stopped:
 
-    python -m pytest -p benchmarks.pytest_log --test-log times.jsonl -m gpu
+    python -m pytest -p benchmarks.pytest_log --test-log=times.jsonl -m gpu
 
 Each test's outcome and seconds (setup, call and teardown together, as pytest-split counts them)
 are appended to the log as one JSON line when its teardown ends (a module skipped whole, as one

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests marked `gpu`, whole, on a GPU host, in parts that each fit a 10-minute command
-# (carry .whl: ../shared/tools/gpu-wheels.sh .whl), results into $OUT (default docs/benchmarks):
+# (carry .whl: ../shared/tools/gpu-wheels.sh .whl torchao==0.18.0, which test_float8 needs),
+# results into $OUT (default docs/benchmarks):
 #   bash launch/bench_gpu_tests.sh durations SECONDS [LOG]   # the marked tests LOG (the log so far)
 #                                      #  does not hold, for at most SECONDS, logged as each ends into
 #                                      #  $OUT/gpu_test_log.jsonl; once all are logged, their times
@@ -12,7 +13,7 @@
 # $OUT/gpu_tests.json starts from docs/benchmarks/gpu_tests.json, so that it comes back whole.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-usage() { sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "${1:-}" in  # the arguments checked before anything is installed or run
   durations) { [ $# -eq 2 ] || { [ $# -eq 3 ] && [ -f "$3" ]; }; } && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage ;;
   round) [ $# -eq 3 ] && [[ "$2" =~ ^[0-9]+$ ]] && [[ "$3" =~ ^[0-9]+/[0-9]+$ ]] || usage ;;
@@ -27,9 +28,11 @@ case "$1" in
   durations)
     log=$out/gpu_test_log.jsonl
     if [ $# -eq 3 ] && [ "$(realpath "$3")" != "$(realpath -m "$log")" ]; then cp "$3" "$log"; fi
-    # SIGINT at the limit: pytest stops between tests' reports and the ranks' finally blocks run
+    # SIGINT at the limit: pytest stops between tests' reports and the ranks' finally blocks run.
+    # --test-log=PATH as one word: pytest takes a separate existing path for a test path, and the
+    # rootdir (hence setup.cfg's options) from their common ancestor.
     rc=0
-    timeout -s INT -k 30 "$2" bash tests/run.sh --gpu -p benchmarks.pytest_log --test-log "$log" || rc=$?
+    timeout -s INT -k 30 "$2" bash tests/run.sh --gpu -p benchmarks.pytest_log --test-log="$log" || rc=$?
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
       echo "bench_gpu_tests.sh: cut at ${2} s; $(wc -l < "$log") tests logged; go on with: durations SECONDS $log" >&2
       exit 0

@@ -1,6 +1,13 @@
-"""Run a function on N ranks in spawned processes on 127.0.0.1: gloo on the CPU
+"""Run a function on N ranks in fresh processes on 127.0.0.1: gloo on the CPU
 (DS_ACCELERATOR=cpu), or NCCL with one GPU per rank under `tests/run.sh --gpu` (devices.py;
-a test needing more ranks than GPUs is skipped)."""
+a test needing more ranks than GPUs is skipped).
+
+The ranks are forked from a server that has imported torch, deepspeed and open_clip once (the
+multiprocessing forkserver, started by the first test that runs ranks): each test still gets
+processes of its own, that no earlier test ran in, without paying those imports again (seconds
+a rank, most of a two-rank engine test's time on a GPU host). The server imports no project
+module and runs no test code, and never touches CUDA (deepspeed's device check reads NVML), so a
+forked rank starts as a spawned one would; it gets the test's environment, not the server's."""
 import io
 import os
 import queue as queue_module
@@ -19,7 +26,26 @@ from infcl_ds.parallel.comm import without_cpu_shared_memory_op
 from infcl_ds.training.distributed import leave_distributed
 
 
-def _entry(fn, rank, world, port, args, queue, timeout_s):
+# Imported once, in the server the ranks are forked from. Third-party only: a project module
+# imported there would keep the environment of the first test that ran ranks.
+SERVER_PRELOAD = ["torch", "triton", "deepspeed", "open_clip"]
+
+
+def _rank_context():
+    # the server starts with this environment: torch's device checks then read NVML, never
+    # initializing the CUDA driver in a process that forks ranks
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(SERVER_PRELOAD)
+    return ctx
+
+
+def _entry(fn, rank, world, port, args, queue, timeout_s, environ):
+    os.environ.clear()
+    os.environ.update(environ)
+    if torch.cuda.is_initialized():
+        queue.put((rank, "error", "the rank server had initialized CUDA: a forked rank cannot use it"))
+        return
     # What importing deepspeed and open_clip sets in the parent, set alike whichever test ran
     # there before: a rank's environment does not depend on the order of the tests.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -56,10 +82,11 @@ def run_ranks(fn, world, *args, timeout_s=60, wait_s=240, allow_errors=False):
     """Return {rank: result} (or {rank: ("error", traceback)} if allow_errors)."""
     if GPU and world > torch.cuda.device_count():
         pytest.skip(f"{world} ranks need {world} GPUs, this machine has {torch.cuda.device_count()}")
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, timeout_s)) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, timeout_s, dict(os.environ)))
+             for r in range(world)]
     for p in procs:
         p.start()
     results = {}
