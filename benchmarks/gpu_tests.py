@@ -8,19 +8,20 @@ A row: `gpus` (the CUDA devices the run saw), `part`, `parts`, `round`, `passed`
 ids), `device`, `commit`. A later run of the same part, split and round on as many GPUs replaces
 its row; the other rows stay. launch/bench_gpu_tests.sh runs the parts.
 
-    python -m benchmarks.gpu_tests durations --log times.jsonl --durations tests/gpu_durations.json
+    python -m benchmarks.gpu_tests durations --log times.jsonl --durations tests/gpu_durations.json \
+        [--rows gpu_tests.json --gpus 4]
 
-turns the log of a whole pass (benchmarks/pytest_log.py) into the durations file pytest-split
-reads (`tests/run.sh --gpu --part K/N`) and its outcomes into the row of round 0: that pass,
-split by nothing (part 1 of 1), its `seconds` the tests' own times summed over the commands it
-took.
+turns logs of benchmarks/pytest_log.py into the durations file pytest-split reads (`tests/run.sh
+--gpu --part K/N`): a whole pass's, or the parts' of rounds (each test's mean). With `--rows`, a
+whole pass's outcomes become the row of round 0: split by nothing (part 1 of 1), its `seconds`
+the tests' own times summed over the commands it took.
 """
 import argparse
 import json
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 from .common import run_identity, write_rows
 from .pytest_log import read_log
@@ -58,9 +59,19 @@ def merged(out: Path, row: dict) -> List[dict]:
     return [r for r in old if row_key(r) != row_key(row)] + [row]
 
 
-def log_counts(path: Path) -> dict:
-    """junit_counts' fields from a pass's log (benchmarks/pytest_log.py)."""
-    logged = read_log(path)
+def logs_merged(paths: List[Path]) -> Dict[str, dict]:
+    """{test id: {"seconds", "outcome"}} over several logs (benchmarks/pytest_log.py): a test's
+    seconds are its mean over the logs that hold it, its outcome the last log's."""
+    runs: Dict[str, List[dict]] = {}
+    for path in paths:
+        for test, entry in read_log(path).items():
+            runs.setdefault(test, []).append(entry)
+    return {test: {"seconds": round(sum(e["seconds"] for e in entries) / len(entries), 3),
+                   "outcome": entries[-1]["outcome"]} for test, entries in sorted(runs.items())}
+
+
+def log_counts(logged: Dict[str, dict]) -> dict:
+    """junit_counts' fields from logged tests (logs_merged)."""
     outcomes = [entry["outcome"] for entry in logged.values()]
     return {"passed": outcomes.count("passed"), "failed": outcomes.count("failed"),
             "skipped": outcomes.count("skipped"),
@@ -68,25 +79,31 @@ def log_counts(path: Path) -> dict:
             "failures": sorted(test for test, entry in logged.items() if entry["outcome"] == "failed")}
 
 
-def durations_main(argv) -> dict:
+def durations_main(argv) -> Optional[dict]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_tests durations",
-                                description="a whole pass's log as pytest-split's durations and the row of round 0")
-    p.add_argument("--log", type=Path, required=True, help="the pass's log (benchmarks/pytest_log.py)")
+                                description="logged tests as pytest-split's durations (and a whole pass as round 0)")
+    p.add_argument("--log", type=Path, action="append", required=True,
+                   help="a log of benchmarks/pytest_log.py; again for more (a round's parts, several rounds)")
     p.add_argument("--durations", type=Path, required=True, help="pytest-split's file to write")
-    p.add_argument("--gpus", type=int, required=True, help="the CUDA devices the pass ran on")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--rows", type=Path, default=None,
+                   help="also record the logged tests as the row of round 0 here (a whole pass's log)")
+    p.add_argument("--gpus", type=int, default=None, help="the CUDA devices the pass ran on (with --rows)")
     args = p.parse_args(argv)
-    logged = read_log(args.log)
+    if args.rows and args.gpus is None:
+        p.error("--rows needs --gpus")
+    logged = logs_merged(args.log)
     if not logged:
-        raise SystemExit(f"{args.log}: no test logged")
-    args.durations.write_text(json.dumps({test: entry["seconds"] for test, entry in sorted(logged.items())},
-                                         indent=4) + "\n")
+        raise SystemExit(f"{', '.join(map(str, args.log))}: no test logged")
+    args.durations.write_text(json.dumps({test: entry["seconds"] for test, entry in logged.items()}, indent=4) + "\n")
+    counts = log_counts(logged)
+    print(f"durations of {len(logged)} tests into {args.durations}: {counts['passed']} passed, {counts['failed']} "
+          f"failed, {counts['skipped']} skipped, {counts['seconds']:.0f} s of tests"
+          + (f"; failed: {', '.join(counts['failures'])}" if counts["failures"] else ""), flush=True)
+    if not args.rows:
+        return None
     identity = run_identity()
-    row = {"gpus": args.gpus, "part": 1, "parts": 1, "round": 0, **log_counts(args.log), **identity}
-    write_rows(args.out, merged(args.out, row), identity)
-    print(f"durations of {len(logged)} tests on {args.gpus} GPU(s) into {args.durations}: {row['passed']} passed, "
-          f"{row['failed']} failed, {row['skipped']} skipped, {row['seconds']:.0f} s of tests"
-          + (f"; failed: {', '.join(row['failures'])}" if row["failures"] else ""), flush=True)
+    row = {"gpus": args.gpus, "part": 1, "parts": 1, "round": 0, **counts, **identity}
+    write_rows(args.rows, merged(args.rows, row), identity)
     return row
 
 

@@ -7,13 +7,15 @@
 #                                      #  $OUT/gpu_test_log.jsonl; once all are logged, their times
 #                                      #  into $OUT/gpu_durations.json and the pass as round 0
 #   bash launch/bench_gpu_tests.sh round R K/N     # part K of N by tests/gpu_durations.json, round R:
-#                                                  #  a row of $OUT/gpu_tests.json (benchmarks/gpu_tests.py)
+#                                                  #  a row of $OUT/gpu_tests.json (benchmarks/gpu_tests.py),
+#                                                  #  its tests logged into $OUT/round-R-part-K-of-N.jsonl
 # First `durations` until the pass is whole (then copy $OUT/gpu_durations.json to tests/ and commit
 # it), then each part of `round 1` and `round 2` back to back: every part passing twice in a row.
+# The rounds' logs give the durations again (`python -m benchmarks.gpu_tests durations --log ...`).
 # $OUT/gpu_tests.json starts from docs/benchmarks/gpu_tests.json, so that it comes back whole.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "${1:-}" in  # the arguments checked before anything is installed or run
   durations) { [ $# -eq 2 ] || { [ $# -eq 3 ] && [ -f "$3" ]; }; } && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage ;;
   round) [ $# -eq 3 ] && [[ "$2" =~ ^[0-9]+$ ]] && [[ "$3" =~ ^[0-9]+/[0-9]+$ ]] || usage ;;
@@ -38,11 +40,12 @@ case "$1" in
       exit 0
     fi
     python3 -m benchmarks.gpu_tests durations --log "$log" --durations "$out/gpu_durations.json" \
-      --gpus "$(nvidia-smi -L | wc -l)" --out "$out/gpu_tests.json" ;;
+      --rows "$out/gpu_tests.json" --gpus "$(nvidia-smi -L | wc -l)" ;;
   round)
     round=$2 part=${3%/*} parts=${3#*/}
     junit="$out/round-$round-part-$part-of-$parts.xml"
-    bash tests/run.sh --gpu --part "$3" --junitxml="$junit" || true
+    bash tests/run.sh --gpu --part "$3" --junitxml="$junit" -p benchmarks.pytest_log \
+      --test-log="$out/round-$round-part-$part-of-$parts.jsonl" || true
     python3 -m benchmarks.gpu_tests --junit "$junit" --part "$part" --parts "$parts" --round "$round" \
       --out "$out/gpu_tests.json" ;;
 esac

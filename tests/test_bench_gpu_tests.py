@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.gpu_tests import junit_counts, main
 from benchmarks.pytest_log import read_log
 
@@ -92,10 +94,17 @@ def test_a_pass_cut_by_sigint_goes_on_where_it_stopped_and_becomes_the_durations
         "test_f": "passed", "test_extra.py": "skipped"}
     assert logged[next(t for t in logged if t.endswith("test_f"))]["seconds"] >= 0.2
     durations, rows = tmp_path / "gpu_durations.json", tmp_path / "gpu_tests.json"
-    row = main(["durations", "--log", str(log), "--durations", str(durations), "--gpus", "4", "--out", str(rows)])
+    row = main(["durations", "--log", str(log), "--durations", str(durations), "--gpus", "4", "--rows", str(rows)])
     assert json.loads(durations.read_text()) == {t: e["seconds"] for t, e in logged.items()}
     assert (row["round"], row["part"], row["parts"], row["passed"], row["failed"], row["skipped"]) == (0, 1, 1, 3, 2, 2)
     assert [r["round"] for r in json.loads(rows.read_text())["rows"]] == [0]
+    # the parts of two rounds: each test's mean, no row
+    other = tmp_path / "round-2.jsonl"
+    other.write_text("".join(json.dumps({"test": t, "seconds": e["seconds"] + 1.0, "outcome": "passed"}) + "\n"
+                             for t, e in logged.items()))
+    assert main(["durations", "--log", str(log), "--log", str(other), "--durations", str(durations)]) is None
+    assert json.loads(durations.read_text()) == pytest.approx({t: e["seconds"] + 0.5 for t, e in logged.items()})
+    assert len(json.loads(rows.read_text())["rows"]) == 1
 
 
 def test_the_gpu_plan_script_says_its_parts_without_running_any():
