@@ -90,13 +90,16 @@ def _cgroup_limit(paths=_CGROUP_LIMITS) -> Optional[int]:
 # node): a size such as 500GiB. launch/train.sh --host-memory sets it for the ranks.
 HOST_MEMORY_ENV = "INFCL_DS_HOST_MEMORY"
 
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+_UNITS = {"b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
           "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024' (bytes). ValueError otherwise."""
+    """'80GiB' -> 85899345920, '141GB' -> 141e9, '2TiB', '1024B'. ValueError otherwise, a bare
+    number included: `--gpu-memory 80` meant 80 GiB, not the 80 bytes a plan would then refuse."""
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    if match and not match.group(2):
+        raise ValueError(f"not a size: {text!r} has no unit (e.g. {match.group(1)}GiB or {match.group(1)}GB)")
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {text!r} (e.g. 80GiB, 141GB, 2TiB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])

@@ -107,6 +107,16 @@ def test_world_from_hostfile(tmp_path):
 
 def test_parse_size():
     assert parse_size("80GiB") == 80 << 30 and parse_size("141GB") == 141 * 10 ** 9 and parse_size("2TiB") == 2 << 40
+    assert parse_size("1024B") == 1024
+
+
+def test_a_memory_size_without_its_unit_is_refused_naming_the_option(capsys):
+    # a bare 80 had been 80 bytes: the plan then said the model needs its memory "of 0.0 GiB"
+    with pytest.raises(SystemExit) as refused:
+        main(["--config", str(RECIPES / "tiny-cpu.yaml"), "--gpu-memory", "80"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gpu-memory" in err and "'80' has no unit (e.g. 80GiB or 80GB)" in err, err
 
 
 def test_a_fitting_zero3_recipe_is_told_when_zero2_fits_too(capsys):
