@@ -9,7 +9,7 @@ ids), `device`, `commit`. A later run of the same part, split and round on as ma
 its row; the other rows stay. launch/bench_gpu_tests.sh runs the parts.
 
     python -m benchmarks.gpu_tests durations --log times.jsonl --durations tests/gpu_durations.json \
-        [--rows gpu_tests.json --gpus 4]
+        [--rows gpu_tests.json]
 
 turns logs of benchmarks/pytest_log.py into the durations file pytest-split reads (`tests/run.sh
 --gpu --part K/N`): a whole pass's, or the parts' of rounds (each test's mean). With `--rows`, a
@@ -59,6 +59,11 @@ def merged(out: Path, row: dict) -> List[dict]:
     return [r for r in old if row_key(r) != row_key(row)] + [row]
 
 
+def cuda_devices() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
 def logs_merged(paths: List[Path]) -> Dict[str, dict]:
     """{test id: {"seconds", "outcome"}} over several logs (benchmarks/pytest_log.py): a test's
     seconds are its mean over the logs that hold it, its outcome the last log's."""
@@ -87,10 +92,8 @@ def durations_main(argv) -> Optional[dict]:
     p.add_argument("--durations", type=Path, required=True, help="pytest-split's file to write")
     p.add_argument("--rows", type=Path, default=None,
                    help="also record the logged tests as the row of round 0 here (a whole pass's log)")
-    p.add_argument("--gpus", type=int, default=None, help="the CUDA devices the pass ran on (with --rows)")
+    p.add_argument("--gpus", type=int, default=None, help="with --rows; default: the CUDA devices torch sees")
     args = p.parse_args(argv)
-    if args.rows and args.gpus is None:
-        p.error("--rows needs --gpus")
     logged = logs_merged(args.log)
     if not logged:
         raise SystemExit(f"{', '.join(map(str, args.log))}: no test logged")
@@ -102,7 +105,8 @@ def durations_main(argv) -> Optional[dict]:
     if not args.rows:
         return None
     identity = run_identity()
-    row = {"gpus": args.gpus, "part": 1, "parts": 1, "round": 0, **counts, **identity}
+    row = {"gpus": cuda_devices() if args.gpus is None else args.gpus, "part": 1, "parts": 1, "round": 0, **counts,
+           **identity}
     write_rows(args.rows, merged(args.rows, row), identity)
     return row
 
@@ -121,8 +125,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.gpus is None:
-        import torch
-        args.gpus = torch.cuda.device_count()
+        args.gpus = cuda_devices()
     identity = run_identity()
     row = {"gpus": args.gpus, "part": args.part, "parts": args.parts, "round": args.round,
            **junit_counts(args.junit), **identity}
