@@ -19,7 +19,7 @@ import torch
 from infcl_ds.losses import contrastive_loss
 from .common import parse_sizes, run_identity, write_rows
 from .harness import (add_row, estimated_s, extrapolated, fwd_bwd, loss_row, random_inputs, require_passed,
-                      run_row, self_check, time_ms)
+                      run_row, self_check, time_ms, timing)
 from tests.reference import clip_loss_reference, full_logits_loss
 
 SCALE = 1 / 0.07
@@ -121,10 +121,8 @@ def main(argv=None):
         elif impl == "full_logits" and B > full_max:
             row["status"] = "not run (B x B logits exceed the GPU)"
         else:
-            # Long rows (estimated from this impl's rate so far) run once, without a warm-up.
-            long = estimated_s(rows, row) > args.long_row_seconds
-            run_row(row, IMPLS[impl], lambda: make_inputs(B, D, dt, device), reps=1 if long else args.reps,
-                    warm_up=not long)
+            run_row(row, IMPLS[impl], lambda: make_inputs(B, D, dt, device),
+                    **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
         row.update(ident)
         add_row(rows, row, args.out, meta)
     from infcl_ds.ops import g_tiles

@@ -20,7 +20,7 @@ from infcl_ds.training.distributed import leave_distributed
 from .clip import FLOPS_PER_B2D, make_inputs
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import (DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row,
-                      same_work_rows)
+                      same_work_rows, timing)
 from tests.reference import clip_loss_reference
 
 
@@ -50,11 +50,10 @@ def _single_gpu_rows(rows, args, device, group, ident):
     def measure_one(r):
         b1 = int(r["B"] / math.sqrt(args.world)) // 256 * 256
         one = loss_row("infcl_ds_1gpu", b1, r["D"], args.dtype, 1, FLOPS_PER_B2D, same_work_as_B=r["B"], **ident)
-        # Timed once, without a warm-up, when its time at the ring's rate is long.
-        long = FLOPS_PER_B2D * b1 * b1 * r["D"] / (r["tflops_eff"] * 1e12) > args.long_row_seconds
+        at_ring_rate_s = FLOPS_PER_B2D * b1 * b1 * r["D"] / (r["tflops_eff"] * 1e12)
         return run_row(one, lambda i, t, s: contrastive_loss(i, t, s, group=group, allow_tf32=True),
-                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=1 if long else args.reps,
-                       warm_up=not long)
+                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3),
+                       **timing(at_ring_rate_s, args.reps, args.long_row_seconds))
     same_work_rows(rows, measure_one, args.out, args.meta, key="weak_scaling_efficiency")
 
 
@@ -73,10 +72,9 @@ def _worker(rank, world, args, port, ident):
                 if impl == "inf_cl" and B > inf_cl_max:
                     row.update(extrapolated(rows, B, impl=impl, D=D) or {"status": "not run"})
                 else:
-                    long = estimated_s(rows, row) > args.long_row_seconds
                     run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
-                            reps=1 if long else args.reps, warm_up=not long)
+                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
                     torch_dist.barrier()
                 row.update(ident)
                 add_row(rows, row, args.out, args.meta, rank)

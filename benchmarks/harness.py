@@ -129,9 +129,19 @@ def record(row: dict, ms: float, peak_mib: Optional[float]) -> dict:
 
 
 def estimated_s(rows: List[dict], row: dict) -> float:
-    """The row's seconds at the slowest rate its impl has had in this run (0 before any)."""
-    rates = [r["tflops_eff"] for r in rows if r["impl"] == row["impl"] and r.get("tflops_eff")]
+    """The row's seconds at the slowest rate its impl has had in this run at its D and dtype (0
+    before any: the first row of a shape class is the one its kernels are compiled and tuned on)."""
+    rates = [r["tflops_eff"] for r in rows
+             if all(r[k] == row[k] for k in ("impl", "D", "dtype")) and r.get("tflops_eff")]
     return work_per_gpu(row) / (min(rates) * 1e12) if rates else 0.0
+
+
+def timing(seconds: float, reps: int, long_row_seconds: float) -> dict:
+    """``measure``'s policy for a row expected to take ``seconds``: a long row is timed once,
+    without a warm-up. Only rows whose kernels were compiled and tuned at a smaller size are
+    long (the estimate comes from an earlier row; the tile tuning's key caps the rows)."""
+    long = seconds > long_row_seconds
+    return {"reps": 1 if long else reps, "warm_up": not long}
 
 
 def run_row(row: dict, loss_fn: Callable, make_inputs: Callable[[], Sequence[torch.Tensor]],

@@ -17,7 +17,8 @@ import torch
 from infcl_ds.training.distributed import leave_distributed
 
 from .common import free_port, join_ranks, parse_sizes, run_identity
-from .harness import DTYPES, add_row, require_passed, ring_check, run_row, same_work_rows
+from .harness import (DTYPES, add_row, estimated_s, require_passed, ring_check, run_row, same_work_rows,
+                      timing)
 from tests.reference import siglip_loss_reference
 from .siglip import infcl_ds_loss, make_inputs, siglip_row
 
@@ -44,8 +45,8 @@ def _single_gpu_rows(rows, args, meta, device, group):
         one = siglip_row("infcl_ds_1gpu", b1, r["D"], args.dtype, 1, same_work_as_B=r["B"],
                          **{k: meta[k] for k in ("device", "torch", "triton", "commit")})
         return run_row(one, lambda i, t, s, b: sigmoid_loss(i, t, s, b, group=group, allow_tf32=True),
-                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3), reps=args.reps,
-                       long_row_ms=args.long_row_seconds * 1e3)
+                       lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3),
+                       **timing(r["ms"] * 1e-3, args.reps, args.long_row_seconds))  # the ring row's work
     same_work_rows(rows, measure_one, args.out, meta)
 
 
@@ -67,7 +68,8 @@ def _worker(rank, world, args, port, ident):
                 else:
                     run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
-                            reps=args.reps, long_row_ms=args.long_row_seconds * 1e3)
+                            long_row_ms=args.long_row_seconds * 1e3,
+                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
                     torch_dist.barrier()
                 add_row(rows, row, args.out, meta, rank)
     # A group of one rank gives the single-GPU loss (new_group is collective: all ranks).

@@ -9,14 +9,17 @@
 #   bash launch/bench_nccl.sh open-clip-train-128k    # open_clip_train under torchrun, same shards and GPUs:
 #                                                     #  its row beside the engine's in scale.json
 #   bash launch/bench_nccl.sh siglip-ring             # the SigLIP ring at 1M and 4M, D 768 and 1152, with
-#                                                     #  one GPU at equal work: $OUT/siglip_ring_4gpu.json
+#                                                     #  one GPU at equal work: $OUT/siglip_ring_4gpu.json;
+#                                                     #  at 256k too, where open_clip's SigLipLoss fits
+#   bash launch/bench_nccl.sh siglip-ring-1gpu        # on one GPU, the four-GPU part's per-GPU rows (64k,
+#                                                     #  512k, 2M): that they fit, and their seconds
 # The engine's and open_clip_train's runs go back to back on one warm machine (one run's ratio).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -gt 0 ] || usage
 for part in "$@"; do
-  case "$part" in faults-[1-4]|engine-128k|open-clip-train-128k|siglip-ring) ;; *) usage ;; esac
+  case "$part" in faults-[1-4]|engine-128k|open-clip-train-128k|siglip-ring|siglip-ring-1gpu) ;; *) usage ;; esac
 done
 source launch/gpu_host.sh
 out=${OUT:-docs/benchmarks}
@@ -41,7 +44,9 @@ for part in "$@"; do
         --open-clip-train-modes compile --open-clip-train-batch-size 1024 --open-clip-train-workers 14 \
         --steps 2 --out "$out/open_clip_train_4gpu.json"
       python3 -m benchmarks.scale_vs_open_clip_train --rows "$out/open_clip_train_4gpu.json" --out "$out/scale.json" ;;
-    siglip-ring) python3 -m infcl_ds.cli bench ring --loss siglip --batch 1m,4m --dim 768,1152 \
+    siglip-ring) python3 -m infcl_ds.cli bench ring --loss siglip --batch 256k,1m,4m --dim 768,1152 \
                    --out "$out/siglip_ring_4gpu.json" ;;
+    siglip-ring-1gpu) python3 -m infcl_ds.cli bench ring --loss siglip --world 1 --no-single --batch 64k,512k,2m \
+                        --dim 768,1152 --open-clip-max-batch 64k --out "$out/siglip_ring_1gpu.json" ;;
   esac
 done

@@ -54,12 +54,25 @@ def test_float64_check_passes_the_exact_gradients_and_fails_a_wrong_one():
     assert not off["ok"] and off["loss_rel_err"] == pytest.approx(1e-3)
 
 
+def test_a_rows_estimate_comes_from_its_impl_at_its_d_and_dtype():
+    """A row is long (timed once, unwarmed) only by the rate of an earlier row of its shape class:
+    the first row of a new D or dtype is where its kernels compile and tune."""
+    done = [harness.record(harness.loss_row("infcl_ds", 1024, 64, "bf16", 1, 6), 10.0, None)]
+    rate = done[0]["tflops_eff"]
+    assert harness.estimated_s(done, harness.loss_row("infcl_ds", 2048, 64, "bf16", 1, 6)) == pytest.approx(0.04)
+    assert rate == pytest.approx(6 * 1024**2 * 64 / 1e-2 / 1e12)
+    for impl, D, dtype in (("infcl_ds", 96, "bf16"), ("infcl_ds", 64, "fp32"), ("open_clip", 64, "bf16")):
+        assert harness.estimated_s(done, harness.loss_row(impl, 2048, D, dtype, 1, 6)) == 0.0
+
+
 @pytest.mark.parametrize("how, calls", [(dict(reps=3), 1 + 1 + 3),
                                         (dict(reps=3, long_row_ms=0.0), 1 + 1),
-                                        (dict(reps=1, warm_up=False), 1)])
+                                        (dict(reps=1, warm_up=False), 1),
+                                        (harness.timing(6.0, reps=3, long_row_seconds=5.0), 1),
+                                        (harness.timing(4.0, reps=3, long_row_seconds=5.0), 1 + 1 + 3)])
 def test_measure_runs_the_warm_up_the_peak_run_and_the_repetitions(how, calls):
     """A warm-up, one run for the peak (and a time), then --reps more unless the row is long;
-    a long row of the CLIP benchmark runs once, without a warm-up."""
+    a row the ring benchmarks expect to be long (harness.timing) runs once, without a warm-up."""
     runs = []
     inputs = tuple(torch.ones(2, requires_grad=True) for _ in range(3))
 
