@@ -145,9 +145,11 @@ def timing(seconds: float, reps: int, long_row_seconds: float) -> dict:
 
 
 def run_row(row: dict, loss_fn: Callable, make_inputs: Callable[[], Sequence[torch.Tensor]],
-            group_max: Optional[Callable[[float], float]] = None, **how) -> dict:
+            group_max: Optional[Callable[[float], float]] = None, profile: bool = False, **how) -> dict:
     """Measure ``row`` (``measure(**how)``) on ``make_inputs()``; out of memory is the row's
-    status. Over a ring, ``group_max`` gives the slowest rank's time and the largest peak."""
+    status. Over a ring, ``group_max`` gives the slowest rank's time and the largest peak.
+    ``profile`` (on a GPU): one more step under torch.profiler, its kernels by kind and name in
+    ``row["profile"]`` (benchmarks/profile.py), after the timed ones."""
     inputs = None
     try:
         inputs = make_inputs()
@@ -155,6 +157,10 @@ def run_row(row: dict, loss_fn: Callable, make_inputs: Callable[[], Sequence[tor
         if group_max is not None:
             ms, peak = group_max(ms), None if peak is None else group_max(peak)
         record(row, ms, peak)
+        if profile and torch.cuda.is_available():
+            from .profile import format_table, profile_step
+            row["profile"] = profile_step(lambda: fwd_bwd(loss_fn, inputs))
+            print(format_table(row["profile"]), flush=True)
     except Exception as err:  # noqa: BLE001 - record what stopped the row and go on
         if not is_oom(err):
             raise

@@ -88,6 +88,8 @@ def main(argv=None):
     p.add_argument("--long-row-seconds", type=float, default=2.0, help="rows slower than this are timed once")
     p.add_argument("--out", default="docs/benchmarks/siglip.json", help="the JSON of rows to replace (a PNG beside it)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 check before timing")
+    p.add_argument("--profile", action="store_true",
+                   help="one more step of each row under torch.profiler: its kernels in the row (GPU only)")
     args = p.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -106,7 +108,7 @@ def main(argv=None):
                     row["status"] = "not run (B x B logits exceed the GPU)"
                 else:
                     run_row(row, IMPLS[impl](), lambda: make_inputs(B, D, args.dtype, device), reps=args.reps,
-                            long_row_ms=args.long_row_seconds * 1e3)
+                            long_row_ms=args.long_row_seconds * 1e3, profile=args.profile)
                 add_row(rows, row, args.out, meta)
     from infcl_ds.ops.tuning import chosen_configs
     meta["tile_configs"] = chosen_configs()
