@@ -16,7 +16,7 @@ import torch
 
 from infcl_ds.training.distributed import leave_distributed
 
-from .common import free_port, join_ranks, parse_sizes, run_identity
+from .common import free_port, join_ranks, parse_sizes, run_identity, write_rows
 from .harness import (DTYPES, add_row, estimated_s, require_passed, ring_check, run_row, same_work_rows,
                       timing)
 from tests.reference import siglip_loss_reference
@@ -68,7 +68,7 @@ def _worker(rank, world, args, port, ident):
                 else:
                     run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
-                            long_row_ms=args.long_row_seconds * 1e3,
+                            long_row_ms=args.long_row_seconds * 1e3, profile=args.profile,
                             **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
                     torch_dist.barrier()
                 add_row(rows, row, args.out, meta, rank)
@@ -79,6 +79,9 @@ def _worker(rank, world, args, port, ident):
         _single_gpu_rows(rows, args, meta, device, solo)
     torch_dist.barrier()
     if rank == 0:
+        from infcl_ds.ops.tuning import chosen_configs
+        meta["tile_configs"] = chosen_configs()  # rank 0's, the single-GPU rows' included
+        write_rows(Path(args.out), rows, meta)
         from .plot import plot_siglip
         plot_siglip(Path(args.out), Path(args.out).with_suffix(".png"))
     leave_distributed()  # torn down before exit: a gloo rank left to the exit can abort
@@ -99,6 +102,8 @@ def main(argv=None):
     p.add_argument("--open-clip-max-batch", default="256k", help="global batch; larger open_clip rows are not run")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
     p.add_argument("--long-row-seconds", type=float, default=2.0, help="rows slower than this are timed once")
+    p.add_argument("--profile", action="store_true",
+                   help="one more step of each ring row under torch.profiler (every rank): rank 0's kernels in the row")
     p.add_argument("--out", default="docs/benchmarks/siglip_ring.json", help="the JSON of rows to replace (a PNG beside it)")
     args = p.parse_args(argv)
     args.argv = argv
