@@ -6,7 +6,8 @@ ops/siglip_sweep.py supply the kernels that fill G.
 """
 import contextlib
 import functools
-from typing import Optional, Tuple
+import math
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -31,6 +32,24 @@ def panel_rows(n_a: int, width: int, bytes_per_elem: int) -> int:
     256 rows that does (at least 256)."""
     rows = PANEL_MAX_BYTES // (max(width, 1) * bytes_per_elem)
     return int(max(1, min(n_a, max(256, rows // 256 * 256))))
+
+
+def row_slices(n_a: int, height: int) -> List[Tuple[int, int]]:
+    """(first row, rows) of each G tile's row slice, at most ``height`` rows each: as few slices
+    as that allows, in whole 256-row units spread evenly (sizes within 256 rows of each other),
+    not full slices and a remainder: a remainder of a few hundred rows (512 of 512k at D = 768)
+    would be a problem class of its own to the tile tuning (ops/tuning.py), compiled or tuned at
+    its first call and run at a small problem's rate. A height that is not a multiple of 256
+    (tests' ``rows``) cuts plain slices of it."""
+    if height >= n_a or height % 256:
+        return [(i0, min(height, n_a - i0)) for i0 in range(0, n_a, height)]
+    slices, units = math.ceil(n_a / height), math.ceil(n_a / 256)
+    out, start = [], 0
+    for k in range(slices):
+        rows = (units // slices + (k < units % slices)) * 256  # <= height: n_a <= slices * height
+        out.append((start, min(rows, n_a - start)))
+        start += out[-1][1]
+    return out
 
 
 def g_tile_shape(n_a: int, n_b: int, dim: int, g_bytes: int, panel: Optional[int] = None,
@@ -127,15 +146,15 @@ def walk_g_tiles(a, b, fill, total: torch.Tensor, coef: float, *, diag: bool,
         for j0 in range(0, n_b, width):
             b_panel = b[j0:j0 + width]
             n_cols = b_panel.shape[0]
-            for i0 in range(0, n_a, height):
-                a_rows = a[i0:i0 + height]
+            for i0, n_rows in row_slices(n_a, height):
+                a_rows = a[i0:i0 + n_rows]
                 g = g_buf[:a_rows.shape[0], :n_cols] if with_grads else g_buf
                 # Row i0 + m pairs with column i0 + m, i.e. panel column m - (j0 - i0).
                 offset = j0 - i0 if diag and _crosses_diagonal(i0, a_rows.shape[0], j0, n_cols) else None
                 total += fill(g, a_rows, b_panel, i0, j0, offset)
                 if not with_grads:
                     continue
-                gemm_into(grad_a[i0:i0 + height], g, b_panel, coef, accumulate=True)
+                gemm_into(grad_a[i0:i0 + n_rows], g, b_panel, coef, accumulate=True)
                 if sliced:
                     gemm_into(b_sum[:n_cols], g.T, a_rows, coef, accumulate=i0 > 0)
                 else:

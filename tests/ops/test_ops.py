@@ -50,10 +50,12 @@ def test_block_backward_accumulates(backend, diag):
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("diag,accumulate_b,b_dtype", [(True, False, torch.bfloat16), (False, True, torch.float32),
                                                         (True, True, torch.float32)])
-def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
-    # rows=40 over 130 rows (4 slices, the last partial), panel=32 columns: every tile's
-    # product lands once in grad_a and grad_b whatever the slicing.
-    n_a, n_b, D = 130, (130 if diag else 77), 80
+@pytest.mark.parametrize("n_a,rows", [(130, 40), (1300, 1024)])
+def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype, n_a, rows):
+    # rows=40 over 130 rows (4 slices, the last partial), or 1024 over 1300 (two slices of
+    # whole 256-row units spread evenly: 768 and 532), panel=32 columns: every tile's product
+    # lands once in grad_a and grad_b whatever the slicing.
+    n_b, D = (n_a if diag else 77), 80
     a, b = random_features(n_a, D, torch.float32, 21), random_features(n_b, D, torch.float32, 22)
     logits = 9.0 * a.double() @ b.double().T
     r, c = torch.logsumexp(logits, 1) + 0.2, torch.logsumexp(logits, 0) + 0.4
@@ -64,7 +66,7 @@ def test_block_backward_in_row_slices(backend, diag, accumulate_b, b_dtype):
     grad_a = torch.zeros(n_a, D)
     grad_b = torch.full((n_b, D), 2.0, dtype=b_dtype)
     ds = block_backward(a, b, torch.tensor([9.0]), r.float(), c.float(), coef, diag=diag, grad_a=grad_a,
-                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=40, **EXACT)
+                        grad_b=grad_b, accumulate_b=accumulate_b, backend=backend, panel=32, rows=rows, **EXACT)
     want_b = coef * G.T @ a.double() + (2 if accumulate_b else 0)
     assert rel_err(grad_a, coef * G @ b.double()) < 1e-6
     assert rel_err(grad_b, want_b) < (1e-6 if b_dtype == torch.float32 else 4e-3)
@@ -79,6 +81,24 @@ def test_g_tile_is_capped_whatever_the_batch():
         assert 1 <= rows <= n_a and (rows == n_a or rows % 256 == 0)
         assert rows * width * 2 <= max(PANEL_MAX_BYTES, 256 * width * 2)
     assert panel_rows(1 << 16, 1536, 2) == 1 << 16  # 64k x 768: all rows in one slice
+
+
+@pytest.mark.parametrize("n_a,height", [(1, 1), (130, 40), (1300, 1024), (1300, 256), (524288, 87296),
+                                        (2097152, 58112), (12 << 20, 58112), (523777, 75008)])
+def test_row_slices_cover_the_rows_in_even_whole_units(n_a, height):
+    """As few slices as the height allows, each within it, in whole 256-row units spread evenly
+    (a 256-multiple height): no small remainder, a problem class of its own to the tile tuning
+    (at 512k rows and D = 768 the largest slices that fit left 512 rows)."""
+    from infcl_ds.ops.g_tiles import row_slices
+    slices = row_slices(n_a, height)
+    starts, sizes = [s for s, _ in slices], [n for _, n in slices]
+    assert starts == [sum(sizes[:k]) for k in range(len(sizes))] and sum(sizes) == n_a
+    assert len(slices) == -(-n_a // height) and max(sizes) <= height
+    if height % 256 == 0 and height < n_a:
+        assert all(n % 256 == 0 for n in sizes[:-1]) and max(sizes) - min(sizes) < 512
+    if n_a >= 1 << 19:
+        from infcl_ds.ops.tuning import TUNE_ROWS
+        assert min(sizes) >= max(TUNE_ROWS, height // 2)  # the large problems' class of the tuning
 
 
 def test_panel_width_is_bounded_by_memory():
