@@ -19,7 +19,7 @@ import torch
 from infcl_ds.losses import contrastive_loss
 from .common import parse_sizes, run_identity, write_rows
 from .harness import (add_row, estimated_s, extrapolated, fwd_bwd, loss_row, random_inputs, require_passed,
-                      run_row, self_check, time_ms, timing)
+                      run_row, self_check, time_ms, timing, UNWARMED_ROW_SECONDS)
 from tests.reference import clip_loss_reference, full_logits_loss
 
 SCALE = 1 / 0.07
@@ -86,6 +86,9 @@ def main(argv=None):
     p.add_argument("--full-logits-max-batch", default="64k", help="larger full-logits rows are not run (out of memory)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
     p.add_argument("--long-row-seconds", type=float, default=5.0, help="rows slower than this get a single repetition")
+    p.add_argument("--unwarmed-row-seconds", type=float, default=UNWARMED_ROW_SECONDS,
+                   help="rows expected slower than this are timed once without a warm-up (an earlier row of "
+                        "their D and dtype compiled and tuned the kernels)")
     p.add_argument("--out", default="docs/benchmarks/loss.json", help="the JSON of rows to replace (a PNG beside it)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 check before timing")
     p.add_argument("--phases", default="", help="B:D:dtype for a forward/backward time split, e.g. 256k:768:bf16")
@@ -122,7 +125,8 @@ def main(argv=None):
             row["status"] = "not run (B x B logits exceed the GPU)"
         else:
             run_row(row, IMPLS[impl], lambda: make_inputs(B, D, dt, device),
-                    **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
+                    **timing(estimated_s(rows, row), args.reps, args.long_row_seconds,
+                             args.unwarmed_row_seconds))
         row.update(ident)
         add_row(rows, row, args.out, meta)
     from infcl_ds.ops import g_tiles

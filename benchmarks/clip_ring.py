@@ -20,7 +20,7 @@ from infcl_ds.training.distributed import leave_distributed
 from .clip import FLOPS_PER_B2D, make_inputs
 from .common import free_port, join_ranks, parse_sizes, run_identity
 from .harness import (DTYPES, add_row, estimated_s, extrapolated, loss_row, require_passed, ring_check, run_row,
-                      same_work_rows, timing)
+                      same_work_rows, timing, UNWARMED_ROW_SECONDS)
 from tests.reference import clip_loss_reference
 
 
@@ -53,7 +53,8 @@ def _single_gpu_rows(rows, args, device, group, ident):
         at_ring_rate_s = FLOPS_PER_B2D * b1 * b1 * r["D"] / (r["tflops_eff"] * 1e12)
         return run_row(one, lambda i, t, s: contrastive_loss(i, t, s, group=group, allow_tf32=True),
                        lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3),
-                       **timing(at_ring_rate_s, args.reps, args.long_row_seconds))
+                       **timing(at_ring_rate_s, args.reps, args.long_row_seconds,
+                                args.unwarmed_row_seconds))
     same_work_rows(rows, measure_one, args.out, args.meta, key="weak_scaling_efficiency")
 
 
@@ -74,7 +75,8 @@ def _worker(rank, world, args, port, ident):
                 else:
                     run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
-                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
+                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds,
+                                     args.unwarmed_row_seconds))
                     torch_dist.barrier()
                 row.update(ident)
                 add_row(rows, row, args.out, args.meta, rank)
@@ -102,6 +104,9 @@ def main(argv=None):
     p.add_argument("--inf-cl-max-batch", default="512k", help="global batch; larger inf-cl rows are not run")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
     p.add_argument("--long-row-seconds", type=float, default=5.0, help="rows slower than this are timed once")
+    p.add_argument("--unwarmed-row-seconds", type=float, default=UNWARMED_ROW_SECONDS,
+                   help="rows expected slower than this are timed once without a warm-up (an earlier row of "
+                        "their D and dtype compiled and tuned the kernels)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU same-work rows")
     p.add_argument("--out", default="docs/benchmarks/ring.json", help="the JSON of rows to replace (a PNG beside it)")
     args = p.parse_args(argv)

@@ -18,7 +18,7 @@ from infcl_ds.training.distributed import leave_distributed
 
 from .common import free_port, join_ranks, parse_sizes, run_identity, write_rows
 from .harness import (DTYPES, add_row, estimated_s, require_passed, ring_check, run_row, same_work_rows,
-                      timing)
+                      timing, UNWARMED_ROW_SECONDS)
 from tests.reference import siglip_loss_reference
 from .siglip import infcl_ds_loss, make_inputs, siglip_row
 
@@ -46,7 +46,8 @@ def _single_gpu_rows(rows, args, meta, device, group):
                          **{k: meta[k] for k in ("device", "torch", "triton", "commit")})
         return run_row(one, lambda i, t, s, b: sigmoid_loss(i, t, s, b, group=group, allow_tf32=True),
                        lambda: make_inputs(b1, r["D"], args.dtype, device, seed=3),
-                       **timing(r["ms"] * 1e-3, args.reps, args.long_row_seconds))  # the ring row's work
+                       **timing(r["ms"] * 1e-3, args.reps, args.long_row_seconds,
+                                args.unwarmed_row_seconds))  # the ring row's work
     same_work_rows(rows, measure_one, args.out, meta)
 
 
@@ -69,7 +70,8 @@ def _worker(rank, world, args, port, ident):
                     run_row(row, _loss_fn(impl, rank, world),
                             lambda: make_inputs(B // world, D, args.dtype, device, seed=rank), group_max,
                             long_row_ms=args.long_row_seconds * 1e3, profile=args.profile,
-                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds))
+                            **timing(estimated_s(rows, row), args.reps, args.long_row_seconds,
+                                     args.unwarmed_row_seconds))
                     torch_dist.barrier()
                 add_row(rows, row, args.out, meta, rank)
     # A group of one rank gives the single-GPU loss (new_group is collective: all ranks).
@@ -102,6 +104,9 @@ def main(argv=None):
     p.add_argument("--open-clip-max-batch", default="256k", help="global batch; larger open_clip rows are not run")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per row (their median)")
     p.add_argument("--long-row-seconds", type=float, default=2.0, help="rows slower than this are timed once")
+    p.add_argument("--unwarmed-row-seconds", type=float, default=UNWARMED_ROW_SECONDS,
+                   help="rows expected slower than this are timed once without a warm-up (an earlier row of "
+                        "their D and dtype compiled and tuned the kernels)")
     p.add_argument("--profile", action="store_true",
                    help="one more step of each ring row under torch.profiler (every rank): rank 0's kernels in the row")
     p.add_argument("--out", default="docs/benchmarks/siglip_ring.json", help="the JSON of rows to replace (a PNG beside it)")

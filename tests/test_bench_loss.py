@@ -68,11 +68,13 @@ def test_a_rows_estimate_comes_from_its_impl_at_its_d_and_dtype():
 @pytest.mark.parametrize("how, calls", [(dict(reps=3), 1 + 1 + 3),
                                         (dict(reps=3, long_row_ms=0.0), 1 + 1),
                                         (dict(reps=1, warm_up=False), 1),
-                                        (harness.timing(6.0, reps=3, long_row_seconds=5.0), 1),
-                                        (harness.timing(4.0, reps=3, long_row_seconds=5.0), 1 + 1 + 3)])
+                                        (harness.timing(4.0, reps=3, long_row_seconds=5.0), 1 + 1 + 3),
+                                        (harness.timing(6.0, reps=3, long_row_seconds=5.0), 1 + 1),
+                                        (harness.timing(31.0, reps=3, long_row_seconds=5.0), 1)])
 def test_measure_runs_the_warm_up_the_peak_run_and_the_repetitions(how, calls):
     """A warm-up, one run for the peak (and a time), then --reps more unless the row is long;
-    a row the ring benchmarks expect to be long (harness.timing) runs once, without a warm-up."""
+    a row the benchmarks expect to be long (harness.timing) runs once, after a warm-up, and one
+    expected past UNWARMED_ROW_SECONDS without it."""
     runs = []
     inputs = tuple(torch.ones(2, requires_grad=True) for _ in range(3))
 
