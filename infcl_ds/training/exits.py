@@ -2,13 +2,14 @@
 the errors that map to them."""
 import os
 import sys
+from typing import List, Optional
 
 from ..checkpoint.safe_load import CheckpointError
 from ..config import RecipeError
 from ..data.errors import DataError
 from .divergence import DivergedError
 from .preflight import StartupError
-from .procs import wake_stopped_siblings
+from .procs import peers_at_fault, wake_stopped_siblings
 
 DONE_EXIT = 0
 USER_ERROR_EXIT = 2
@@ -17,7 +18,8 @@ LAUNCHER_GONE_EXIT = 4
 EXIT_STATUSES = (
     "Exit status (docs/reliability.md): 0 done; 2 the run cannot go on as configured (recipe, data, output "
     "directory, disk, checkpoint: one line on stderr naming it); 3 a collective failed or timed out (a peer rank is "
-    "stopped, wedged or dead: one line naming this rank and its step); 4 the deepspeed launcher that started the "
+    "stopped, wedged or dead: one line naming this rank, its step and the ranks of its node that are stopped or have "
+    "exited); 4 the deepspeed launcher that started the "
     "ranks went away (SIGINT/SIGTERM to it: every rank stops within 30 s, after a checkpoint being written; "
     "training/launcher_watch.py).")
 
@@ -37,6 +39,16 @@ def one_line(err: BaseException) -> str:
     return " ".join(lines)
 
 
+def peers_line(at_fault: Optional[List[str]]) -> str:
+    """The peers named for a failed collective (procs.peers_at_fault's findings)."""
+    if at_fault:
+        return "; ".join(at_fault) + (", see its log" if len(at_fault) == 1 else ", see their logs")
+    if at_fault == []:
+        return ("every other rank of this node runs: a rank on another node is stopped, wedged or dead, "
+                "or one here is wedged, see their logs")
+    return "a peer rank is stopped, wedged or dead, see its log"
+
+
 def exit_now(code: int) -> None:
     """Leave at once: tearing the process group down would wait on the peer that failed."""
     sys.stdout.flush()
@@ -45,9 +57,10 @@ def exit_now(code: int) -> None:
 
 
 def exit_collective_failure(err: BaseException, rank, phase: str, timeout_s: float) -> None:
-    """One line naming this rank, what it was doing and the failed operation; exit 3 at once."""
+    """One line naming this rank, what it was doing, the peers of its node at fault (stopped or
+    exited, read off /proc before a stopped one is woken) and the failed operation; exit 3 at once."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
-          f"{timeout_s / 60:g} min): a peer rank is stopped, wedged or dead, see its log. {first}", file=sys.stderr)
+          f"{timeout_s / 60:g} min): {peers_line(peers_at_fault())}. {first}", file=sys.stderr)
     wake_stopped_siblings()  # a stopped rank beside this one then takes launch.py's SIGTERM at once
     exit_now(COLLECTIVE_FAILURE_EXIT)

@@ -1,10 +1,10 @@
 """The process table as a rank reads it (``/proc``): a process's state, parent and start time,
-whether it is DeepSpeed's per-node ``launch.py``, and the ranks that launch.py started beside
-this one."""
+whether it is DeepSpeed's per-node ``launch.py``, the ranks that launch.py started beside this
+one, and which of them is stopped or has exited."""
 import os
 import signal
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 LAUNCH_MODULE = "deepspeed.launcher.launch"
 PROC = Path("/proc")
@@ -65,3 +65,40 @@ def wake_stopped_siblings(proc: Path = PROC) -> List[int]:
             except OSError:  # gone meanwhile
                 pass
     return woken
+
+
+def environ_value(pid: int, name: str, proc: Path = PROC) -> Optional[str]:
+    """A variable of a process's environment at its start (None: unset, unreadable, or the
+    process has exited: a zombie's environment reads empty)."""
+    try:
+        items = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    return next((item[len(prefix):].decode(errors="replace") for item in items if item.startswith(prefix)), None)
+
+
+def peers_at_fault(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Optional[List[str]]:
+    """What this node's process table says of the ranks beside this one, read when a collective
+    failed: "rank 5 (pid 812) is stopped" for each stopped one, "rank 6 has exited" for each of
+    the node's LOCAL_SIZE local ranks with no live process (killed, crashed or ended; a zombie
+    that launch.py has not reaped counts). Ranks are global: this node's first rank (RANK -
+    LOCAL_RANK, DeepSpeed's launch.py numbers a node's ranks in a row) plus the local rank.
+    [] when every other rank of the node runs (the fault is on another node, or a rank is
+    wedged); None when this rank was not started by DeepSpeed's launch.py (nothing to read)."""
+    if not is_deepspeed_launch(os.getppid(), proc):
+        return None
+    try:
+        local_size, local_rank, rank = (int(environ[k]) for k in ("LOCAL_SIZE", "LOCAL_RANK", "RANK"))
+    except (KeyError, ValueError):
+        return None
+    first, running, stopped = rank - local_rank, {local_rank}, []
+    for pid in sibling_ranks(proc):
+        stat, theirs = process_stat(pid, proc), environ_value(pid, "LOCAL_RANK", proc)
+        if stat is None or stat[0] in ("Z", "X") or theirs is None or not theirs.isdigit():
+            continue  # exited (or gone meanwhile): counted among the missing below
+        running.add(int(theirs))
+        if stat[0] in ("T", "t"):
+            stopped.append((int(theirs), f"rank {first + int(theirs)} (pid {pid}) is stopped"))
+    exited = [(r, f"rank {first + r} has exited") for r in range(local_size) if r not in running]
+    return [line for _, line in sorted(stopped + exited)]

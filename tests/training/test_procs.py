@@ -1,6 +1,6 @@
 """training/procs.py: the ranks beside this one, read off /proc; a rank leaving on a failed
-collective wakes a stopped sibling, so launch.py's SIGTERM ends it at once instead of its
-SIGKILL 30 s later."""
+collective names the ranks of its node that are stopped or have exited, and wakes a stopped
+sibling, so launch.py's SIGTERM ends it at once instead of its SIGKILL 30 s later."""
 import json
 import subprocess
 import sys
@@ -38,9 +38,61 @@ def test_a_leaving_rank_wakes_a_stopped_sibling(tmp_path):
     assert seen["woken"] == [seen["stopped"]] and seen["state after"] not in ("T", "t"), seen
 
 
+# launch.py of a node's four ranks, 4-7 (RANK = 4 + LOCAL_RANK): local rank 1 stopped, 2 killed
+# and reaped, 3 killed and left a zombie; local rank 0 reads the table, before and after.
+NODE_LAUNCH = """
+import json, os, signal, subprocess, sys, time
+from infcl_ds.training.procs import process_stat
+
+def rank(local, code="import time; time.sleep(60)"):
+    env = dict(os.environ, LOCAL_SIZE="4", LOCAL_RANK=str(local), RANK=str(4 + local))
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+def rank_zero_reads():
+    code = "import json; from infcl_ds.training.procs import peers_at_fault; print(json.dumps(peers_at_fault()))"
+    env = dict(os.environ, LOCAL_SIZE="4", LOCAL_RANK="0", RANK="4")
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout)
+
+def wait_state(pid, states):
+    while process_stat(pid)[0] not in states:
+        time.sleep(0.01)
+
+ranks = [rank(k) for k in (1, 2, 3)]  # Popen returns once each has exec'd: its environment is its own
+before = rank_zero_reads()
+os.kill(ranks[0].pid, signal.SIGSTOP)
+ranks[1].kill(); ranks[1].wait()
+ranks[2].kill()
+wait_state(ranks[0].pid, ("T", "t"))
+wait_state(ranks[2].pid, ("Z",))
+print(json.dumps({"before": before, "after": rank_zero_reads(), "stopped": ranks[0].pid}))
+ranks[0].kill()
+"""
+
+
+def test_a_failed_collective_names_the_stopped_and_exited_ranks_of_its_node(tmp_path):
+    launch = tmp_path / "deepspeed" / "launcher" / "launch.py"
+    launch.parent.mkdir(parents=True)
+    launch.write_text(NODE_LAUNCH)
+    out = subprocess.run([sys.executable, str(launch)], capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["before"] == []
+    assert seen["after"] == [f"rank 5 (pid {seen['stopped']}) is stopped", "rank 6 has exited", "rank 7 has exited"]
+
+
+def test_the_line_names_the_peers_found_or_says_where_else_to_look():
+    from infcl_ds.training.exits import peers_line
+    assert peers_line(["rank 6 has exited"]) == "rank 6 has exited, see its log"
+    assert peers_line(["rank 5 (pid 9) is stopped", "rank 6 has exited"]).endswith("has exited, see their logs")
+    assert "another node" in peers_line([]) and peers_line(None) == "a peer rank is stopped, wedged or dead, see its log"
+
+
 def test_no_deepspeed_launcher_means_no_siblings():
-    from infcl_ds.training.procs import sibling_ranks, wake_stopped_siblings
+    from infcl_ds.training.procs import peers_at_fault, sibling_ranks, wake_stopped_siblings
     assert sibling_ranks() == [] and wake_stopped_siblings() == []  # pytest's parent is no launch.py
+    assert peers_at_fault() is None
 
 
 def test_stat_fields_reads_a_name_with_spaces_and_parentheses():
