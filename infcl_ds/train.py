@@ -23,6 +23,7 @@ from .training.distributed import collective_timeout_s, leave_distributed, make_
 from .training.exits import DONE_EXIT, EXIT_STATUSES, USER_ERROR_EXIT, USER_ERRORS, exit_collective_failure, \
     exit_now, one_line
 from .training.launcher_watch import watch_launcher
+from .training.stopped_rank_watch import StoppedRankWatch
 from .training.run_lock import RunDirBusy, take_if_owner
 
 
@@ -75,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.perf_counter()
     timeout_s = collective_timeout_s(recipe.distributed.timeout)
     watch = watch_launcher()  # from here on, a rank whose deepspeed launcher is killed stops
+    stopped_ranks = StoppedRankWatch(os.environ.get("RANK", "?"), lambda: watch.where(), timeout_s).start()
     try:
         trainer = Trainer(recipe, resume=args.resume, trust_checkpoint=args.trust_checkpoint,
                           allow_recipe_change=args.allow_recipe_change, restart=args.restart, watch=watch,
@@ -92,6 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         exit_collective_failure(err, os.environ.get("RANK", "?"), "start-up", timeout_s)
     try:
         trainer.run()
+        stopped_ranks.close()
         trainer.phase = "leaving the job"
         leave_distributed()  # this process joined the job and now exits: it tears its end down
     except USER_ERRORS + (OSError,) as err:  # OSError: a full disk or a vanished file system

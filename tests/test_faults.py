@@ -1,8 +1,10 @@
 """The fault matrix's machinery (benchmarks/faults.py, docs/reliability.md) on two gloo ranks
 through launch/train.sh, for the two faults during a save that no other test delivers: a rank
-SIGKILLed (the surviving rank 0 removes the unfinished tag) and SIGINT to the launcher (the
-save completes, every rank stops). SIGTERM to the launcher during training is
-test_launcher_signals.py's, a stopped peer test_reliability.py's."""
+SIGKILLed (the surviving rank 0 removes the unfinished tag, and its line names the rank that
+exited) and SIGINT to the launcher (the save completes, every rank stops); and a rank stopped
+during a step, named by rank 0 while the job waits (training/stopped_rank_watch.py). SIGTERM to
+the launcher during training is test_launcher_signals.py's; a stopped peer of ranks started
+without launch.py, test_reliability.py's."""
 import pytest
 
 from test_launch import environment
@@ -24,9 +26,21 @@ def test_a_fault_during_a_save_ends_the_job_and_leaves_a_resumable_run(tmp_path,
     assert row["resumed"], context  # one step past latest through train.sh --resume latest
     if scenario == "kill-rank":
         assert row["line"].startswith("infcl-ds train: rank 0, ") and "a collective failed" in row["line"], context
+        assert "(timeout 1 min): rank 1 has exited, see its log." in row["line"], context
     else:
         # the rank that saw its launcher go first names its pid, the other "another rank's deepspeed launcher"
         assert "deepspeed launcher" in row["line"] and row["line"].endswith(": stopping"), context
+    assert row["passed"], context
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_while_the_job_waits_on_it(tmp_path):
+    row = faults.run_scenario("stop-rank", "step", tmp_path, accelerator="cpu", timeout_min=0.5, env=environment())
+    context = {key: row.get(key) for key in ("error", "at_signal", "line", "latest", "seconds_to_gone", "log")}
+    assert "error" not in row, context
+    assert row["line"].startswith("infcl-ds train: rank 0, step ") and ": rank 1 (pid " in row["line"], context
+    assert "is stopped (SIGSTOP, or a suspended process)" in row["line"], context
+    assert row["seconds_to_gone"] is not None and row["seconds_to_gone"] < 30 + 60, context
     assert row["passed"], context
 
 

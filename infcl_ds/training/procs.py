@@ -4,7 +4,7 @@ one, and which of them is stopped or has exited."""
 import os
 import signal
 from pathlib import Path
-from typing import List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 LAUNCH_MODULE = "deepspeed.launcher.launch"
 PROC = Path("/proc")
@@ -78,27 +78,46 @@ def environ_value(pid: int, name: str, proc: Path = PROC) -> Optional[str]:
     return next((item[len(prefix):].decode(errors="replace") for item in items if item.startswith(prefix)), None)
 
 
-def peers_at_fault(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Optional[List[str]]:
-    """What this node's process table says of the ranks beside this one, read when a collective
-    failed: "rank 5 (pid 812) is stopped" for each stopped one, "rank 6 has exited" for each of
-    the node's LOCAL_SIZE local ranks with no live process (killed, crashed or ended; a zombie
-    that launch.py has not reaped counts). Ranks are global: this node's first rank (RANK -
-    LOCAL_RANK, DeepSpeed's launch.py numbers a node's ranks in a row) plus the local rank.
-    [] when every other rank of the node runs (the fault is on another node, or a rank is
-    wedged); None when this rank was not started by DeepSpeed's launch.py (nothing to read)."""
+class NodeView(NamedTuple):
+    """This node's ranks as the process table shows them (local ranks; global = first + local)."""
+    first: int  # the node's first global rank: RANK - LOCAL_RANK (launch.py numbers them in a row)
+    mine: int  # this rank's local rank
+    size: int  # LOCAL_SIZE: the ranks launch.py started on this node
+    running: Dict[int, int]  # local rank -> pid, alive and not stopped (this rank included)
+    stopped: Dict[int, int]  # local rank -> pid, stopped (SIGSTOP, a suspended job)
+
+    def exited(self) -> List[int]:
+        """Local ranks with no live process: killed, crashed or ended (a zombie that launch.py
+        has not reaped counts)."""
+        return [r for r in range(self.size) if r not in self.running and r not in self.stopped]
+
+
+def node_view(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Optional[NodeView]:
+    """The ranks of this node; None when this rank was not started by DeepSpeed's launch.py
+    (nothing to read)."""
     if not is_deepspeed_launch(os.getppid(), proc):
         return None
     try:
         local_size, local_rank, rank = (int(environ[k]) for k in ("LOCAL_SIZE", "LOCAL_RANK", "RANK"))
     except (KeyError, ValueError):
         return None
-    first, running, stopped = rank - local_rank, {local_rank}, []
+    view = NodeView(rank - local_rank, local_rank, local_size, {local_rank: os.getpid()}, {})
     for pid in sibling_ranks(proc):
         stat, theirs = process_stat(pid, proc), environ_value(pid, "LOCAL_RANK", proc)
         if stat is None or stat[0] in ("Z", "X") or theirs is None or not theirs.isdigit():
-            continue  # exited (or gone meanwhile): counted among the missing below
-        running.add(int(theirs))
-        if stat[0] in ("T", "t"):
-            stopped.append((int(theirs), f"rank {first + int(theirs)} (pid {pid}) is stopped"))
-    exited = [(r, f"rank {first + r} has exited") for r in range(local_size) if r not in running]
-    return [line for _, line in sorted(stopped + exited)]
+            continue  # exited (or gone meanwhile): among view.exited()
+        (view.stopped if stat[0] in ("T", "t") else view.running)[int(theirs)] = pid
+    return view
+
+
+def peers_at_fault(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Optional[List[str]]:
+    """What this node's process table says of the ranks beside this one, read when a collective
+    failed: "rank 5 (pid 812) is stopped" for each stopped one, "rank 6 has exited" for each
+    with no live process, in rank order. [] when every other rank of the node runs (the fault
+    is on another node, or a rank is wedged); None without a DeepSpeed launch.py above."""
+    view = node_view(proc, environ)
+    if view is None:
+        return None
+    found = [(r, f"rank {view.first + r} (pid {pid}) is stopped") for r, pid in view.stopped.items()]
+    found += [(r, f"rank {view.first + r} has exited") for r in view.exited()]
+    return [line for _, line in sorted(found)]
