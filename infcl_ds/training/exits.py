@@ -9,7 +9,7 @@ from ..config import RecipeError
 from ..data.errors import DataError
 from .divergence import DivergedError
 from .preflight import StartupError
-from .procs import peers_at_fault, wake_stopped_siblings
+from .procs import end_stopped_siblings, peers_at_fault
 
 DONE_EXIT = 0
 USER_ERROR_EXIT = 2
@@ -58,9 +58,9 @@ def exit_now(code: int) -> None:
 
 def exit_collective_failure(err: BaseException, rank, phase: str, timeout_s: float) -> None:
     """One line naming this rank, what it was doing, the peers of its node at fault (stopped or
-    exited, read off /proc before a stopped one is woken) and the failed operation; exit 3 at once."""
+    exited, read off /proc before a stopped one is ended) and the failed operation; exit 3 at once."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     print(f"infcl-ds train: rank {rank}, {phase}: a collective failed or timed out (timeout "
           f"{timeout_s / 60:g} min): {peers_line(peers_at_fault())}. {first}", file=sys.stderr)
-    wake_stopped_siblings()  # a stopped rank beside this one then takes launch.py's SIGTERM at once
+    end_stopped_siblings()  # else a stopped rank beside this one outlives the job by launch.py's 30 s
     exit_now(COLLECTIVE_FAILURE_EXIT)

@@ -50,21 +50,23 @@ def sibling_ranks(proc: Path = PROC) -> List[int]:
     return found
 
 
-def wake_stopped_siblings(proc: Path = PROC) -> List[int]:
-    """SIGCONT to the ranks beside this one that are stopped (SIGSTOP, a suspended job); their
-    pids. Called by a rank leaving on a failed collective: launch.py then ends every rank with
-    SIGTERM, which a stopped process holds pending until launch.py's SIGKILL 30 s later, so
-    without this a stopped rank outlives the job by those 30 s."""
-    woken = []
+def end_stopped_siblings(proc: Path = PROC) -> List[int]:
+    """SIGKILL to the ranks beside this one that are stopped (SIGSTOP, a suspended job); their
+    pids. Called by a rank leaving on a failed collective, whose job is over: launch.py ends
+    every rank with SIGTERM, which a stopped process holds pending until launch.py's SIGKILL
+    30 s later. Not SIGCONT: a woken rank goes on with what it was doing until launch.py's
+    SIGTERM a second later, e.g. writing its part of a checkpoint into the tag that rank 0 has
+    just removed (seen with four gloo ranks: the tag was back, unfinished)."""
+    ended = []
     for pid in sibling_ranks(proc):
         stat = process_stat(pid, proc)
         if stat is not None and stat[0] in ("T", "t"):
             try:
-                os.kill(pid, signal.SIGCONT)
-                woken.append(pid)
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
             except OSError:  # gone meanwhile
                 pass
-    return woken
+    return ended
 
 
 def environ_value(pid: int, name: str, proc: Path = PROC) -> Optional[str]:

@@ -1,6 +1,6 @@
 """training/procs.py: the ranks beside this one, read off /proc; a rank leaving on a failed
-collective names the ranks of its node that are stopped or have exited, and wakes a stopped
-sibling, so launch.py's SIGTERM ends it at once instead of its SIGKILL 30 s later."""
+collective names the ranks of its node that are stopped or have exited, and ends a stopped
+sibling at once (launch.py's SIGTERM would wait 30 s for it; SIGCONT would let it write on)."""
 import json
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import sys
 from launch_utils import ROOT
 
 # A stand-in for DeepSpeed's launch.py (its path is what identifies it): one rank stopped,
-# another that wakes its stopped siblings, then the first rank's state.
+# another that ends its stopped siblings, then the first rank's state.
 FAKE_LAUNCH = """
 import json, os, signal, subprocess, sys, time
 from infcl_ds.training.procs import process_stat
@@ -16,18 +16,20 @@ stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]
 os.kill(stopped.pid, signal.SIGSTOP)
 while process_stat(stopped.pid)[0] not in ("T", "t"):
     time.sleep(0.01)
-waker = subprocess.run([sys.executable, "-c",
-                        "import json; from infcl_ds.training.procs import wake_stopped_siblings; "
-                        "print(json.dumps(wake_stopped_siblings()))"],
+ender = subprocess.run([sys.executable, "-c",
+                        "import json; from infcl_ds.training.procs import end_stopped_siblings; "
+                        "print(json.dumps(end_stopped_siblings()))"],
                        capture_output=True, text=True, check=True)
-time.sleep(0.2)
-print(json.dumps({"stopped": stopped.pid, "woken": json.loads(waker.stdout),
+deadline = time.monotonic() + 10
+while process_stat(stopped.pid)[0] in ("T", "t") and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({"stopped": stopped.pid, "ended": json.loads(ender.stdout),
                   "state after": process_stat(stopped.pid)[0]}))
 stopped.kill()
 """
 
 
-def test_a_leaving_rank_wakes_a_stopped_sibling(tmp_path):
+def test_a_leaving_rank_ends_a_stopped_sibling(tmp_path):
     launch = tmp_path / "deepspeed" / "launcher" / "launch.py"
     launch.parent.mkdir(parents=True)
     launch.write_text(FAKE_LAUNCH)
@@ -35,7 +37,7 @@ def test_a_leaving_rank_wakes_a_stopped_sibling(tmp_path):
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    assert seen["woken"] == [seen["stopped"]] and seen["state after"] not in ("T", "t"), seen
+    assert seen["ended"] == [seen["stopped"]] and seen["state after"] == "Z", seen  # killed, not yet reaped
 
 
 # launch.py of a node's four ranks, 4-7 (RANK = 4 + LOCAL_RANK): local rank 1 stopped, 2 killed
@@ -90,8 +92,8 @@ def test_the_line_names_the_peers_found_or_says_where_else_to_look():
 
 
 def test_no_deepspeed_launcher_means_no_siblings():
-    from infcl_ds.training.procs import peers_at_fault, sibling_ranks, wake_stopped_siblings
-    assert sibling_ranks() == [] and wake_stopped_siblings() == []  # pytest's parent is no launch.py
+    from infcl_ds.training.procs import end_stopped_siblings, peers_at_fault, sibling_ranks
+    assert sibling_ranks() == [] and end_stopped_siblings() == []  # pytest's parent is no launch.py
     assert peers_at_fault() is None
 
 
