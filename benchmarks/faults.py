@@ -2,6 +2,7 @@
 
     python -m benchmarks.faults --out docs/benchmarks/faults.json [--accelerator cuda|cpu]
         [--timeout-min 1] [--only kill-rank:step,term-launcher:save] [--ranks 2] [--rank 1] [--work DIR]
+    python -m benchmarks.faults --table docs/benchmarks/faults.json   # its table in docs/reliability.md
 
 Four faults, each delivered once during a step and once during a checkpoint save:
 kill-rank (SIGKILL to one rank), stop-rank (SIGSTOP to one rank), term-launcher and
@@ -23,6 +24,7 @@ resume trained its step and no partial tag was left.
 """
 import argparse
 import csv
+import json
 import io
 import os
 import re
@@ -261,6 +263,35 @@ def summary(row: dict) -> str:
             f"{'passed' if row['passed'] else 'FAILED'}\n  {row['line']}")
 
 
+LINE_CHARS = 190  # the line, cut for a table cell
+
+
+def markdown_table(rows: List[dict]) -> str:
+    """docs/reliability.md's table of a fault matrix's rows (one per JSON row)."""
+    def who(row):
+        target = row.get("target", "")
+        return target.split(" (pid")[0] if target.startswith("rank") else "launcher"
+
+    def line(row):
+        text = row.get("line") or "none"
+        return f"`{text[:LINE_CHARS]} [...]`" if len(text) > LINE_CHARS else f"`{text}`"
+
+    def tags(found):
+        return ", ".join(found) or "none"
+
+    out = ["| Fault | Phase | At the signal | Gone (s) | Launcher exit | The line | `latest` after | Partial tags: "
+           "after the fault / after the resume | Resume trained step |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "error" in row:
+            out.append(f"| {row['signal']} {who(row)} | {row['phase']} | failed before the fault: {row['error']} "
+                       "| | | | | | |")
+            continue
+        out.append(f"| {row['signal']} {who(row)} | {row['phase']} | {row['at_signal']} | {row['seconds_to_gone']} | "
+                   f"{row['launcher_status']} | {line(row)} | {row['latest']} | "
+                   f"{tags(row['partial_tags_after_fault'])} / {tags(row['partial_tags'])} | {row['resumed_step']} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,9 +302,14 @@ def main(argv=None):
     p.add_argument("--only", default=None, help="scenarios, e.g. kill-rank:step,term-launcher:save (default: all 8)")
     p.add_argument("--ranks", type=int, default=2, choices=(2, 4), help="ranks of the job (GPUs on CUDA)")
     p.add_argument("--rank", type=int, default=1, help="the rank that kill-rank and stop-rank hit")
+    p.add_argument("--table", type=Path, default=None, metavar="JSON",
+                   help="print the markdown table of a matrix already run (docs/reliability.md) and stop")
     p.add_argument("--work", type=Path, default=None,
                    help="where the runs and logs go (default: a new temporary folder)")
     args = p.parse_args(argv)
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())["rows"]))
+        return []
     if not 0 <= args.rank < args.ranks:
         p.error(f"--rank must be one of the job's ranks, 0 to {args.ranks - 1}, got {args.rank}")
     import torch

@@ -5,8 +5,11 @@ exited) and SIGINT to the launcher (the save completes, every rank stops); and a
 during a step, named by rank 0 while the job waits (training/stopped_rank_watch.py). SIGTERM to
 the launcher during training is test_launcher_signals.py's; a stopped peer of ranks started
 without launch.py, test_reliability.py's."""
+import json
+
 import pytest
 
+from launch_utils import ROOT
 from test_launch import environment
 
 from benchmarks import faults
@@ -54,6 +57,14 @@ def test_the_line_is_the_trainers_before_the_launchers():
     assert faults.cause_line(only_launcher).endswith("exits with return code = -9")
     assert faults.names_a_rank(faults.cause_line(only_launcher))
     assert faults.cause_line("nothing here\n") is None and not faults.names_a_rank(None)
+
+
+@pytest.mark.parametrize("name", ["faults.json", "faults_4ranks.json"])
+def test_the_reliability_tables_are_the_matrices_measured(name):
+    """docs/reliability.md's fault tables are `--table` of the JSON files, row for row."""
+    rows = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())["rows"]
+    assert len(rows) == 8 and all(row["passed"] for row in rows)
+    assert faults.markdown_table(rows) in (ROOT / "docs" / "reliability.md").read_text()
 
 
 def test_only_names_known_scenarios():
