@@ -36,7 +36,7 @@ def panel_rows(n_a: int, width: int, bytes_per_elem: int) -> int:
 
 def row_slices(n_a: int, height: int) -> List[Tuple[int, int]]:
     """(first row, rows) of each G tile's row slice, at most ``height`` rows each: as few slices
-    as that allows, in whole 256-row units spread evenly (sizes within 256 rows of each other),
+    as that allows, in whole 256-row units spread evenly (sizes within 512 rows of each other),
     not full slices and a remainder: a remainder of a few hundred rows (512 of 512k at D = 768)
     would be a problem class of its own to the tile tuning (ops/tuning.py), compiled or tuned at
     its first call and run at a small problem's rate. A height that is not a multiple of 256

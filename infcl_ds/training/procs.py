@@ -87,10 +87,13 @@ class NodeView(NamedTuple):
     size: int  # LOCAL_SIZE: the ranks launch.py started on this node
     running: Dict[int, int]  # local rank -> pid, alive and not stopped (this rank included)
     stopped: Dict[int, int]  # local rank -> pid, stopped (SIGSTOP, a suspended job)
+    unknown: int = 0  # live ranks whose local rank could not be read (environment and command line)
 
     def exited(self) -> List[int]:
         """Local ranks with no live process: killed, crashed or ended (a zombie that launch.py
-        has not reaped counts)."""
+        has not reaped counts); none named while a live rank's local rank is unknown."""
+        if self.unknown:
+            return []
         return [r for r in range(self.size) if r not in self.running and r not in self.stopped]
 
 
@@ -103,13 +106,32 @@ def node_view(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Opt
         local_size, local_rank, rank = (int(environ[k]) for k in ("LOCAL_SIZE", "LOCAL_RANK", "RANK"))
     except (KeyError, ValueError):
         return None
-    view = NodeView(rank - local_rank, local_rank, local_size, {local_rank: os.getpid()}, {})
+    running, stopped, unknown = {local_rank: os.getpid()}, {}, 0
     for pid in sibling_ranks(proc):
-        stat, theirs = process_stat(pid, proc), environ_value(pid, "LOCAL_RANK", proc)
-        if stat is None or stat[0] in ("Z", "X") or theirs is None or not theirs.isdigit():
+        stat = process_stat(pid, proc)
+        if stat is None or stat[0] in ("Z", "X"):
             continue  # exited (or gone meanwhile): among view.exited()
-        (view.stopped if stat[0] in ("T", "t") else view.running)[int(theirs)] = pid
-    return view
+        theirs = local_rank_of(pid, proc)
+        if theirs is None:
+            unknown += 1
+            continue
+        (stopped if stat[0] in ("T", "t") else running)[theirs] = pid
+    return NodeView(rank - local_rank, local_rank, local_size, running, stopped, unknown)
+
+
+def local_rank_of(pid: int, proc: Path = PROC) -> Optional[int]:
+    """A rank's local rank: LOCAL_RANK of its environment (launch.py sets it), else the
+    ``--local_rank=K`` of its command line (an environment that cannot be read: another user's
+    process, a non-dumpable one); None when neither says."""
+    value = environ_value(pid, "LOCAL_RANK", proc)
+    if value is not None and value.isdigit():
+        return int(value)
+    try:
+        args = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    flag = next((a[len(b"--local_rank="):] for a in args if a.startswith(b"--local_rank=")), b"")
+    return int(flag) if flag.isdigit() else None
 
 
 def peers_at_fault(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Optional[List[str]]:

@@ -21,7 +21,7 @@ ender = subprocess.run([sys.executable, "-c",
                         "print(json.dumps(end_stopped_siblings()))"],
                        capture_output=True, text=True, check=True)
 deadline = time.monotonic() + 10
-while process_stat(stopped.pid)[0] in ("T", "t") and time.monotonic() < deadline:
+while process_stat(stopped.pid)[0] != "Z" and time.monotonic() < deadline:  # running to its end, then a zombie
     time.sleep(0.01)
 print(json.dumps({"stopped": stopped.pid, "ended": json.loads(ender.stdout),
                   "state after": process_stat(stopped.pid)[0]}))
@@ -102,3 +102,16 @@ def test_stat_fields_reads_a_name_with_spaces_and_parentheses():
     name, fields = stat_fields("4242 (decode) (x y) S 1 2 3 4 5 6 7 8 9 10 120 30 0\n")
     assert name == "decode) (x y"
     assert fields[0] == "S" and fields[1] == "1" and (fields[11], fields[12]) == ("120", "30")
+
+
+def test_a_local_rank_is_read_from_the_environment_else_the_command_line(tmp_path):
+    from infcl_ds.training.procs import NodeView, local_rank_of
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cmdline").write_bytes(b"python\0-u\0-m\0infcl_ds.train\0--local_rank=2\0--config\0x.yaml\0")
+    assert local_rank_of(7, tmp_path) == 2  # no environ file: unreadable
+    (tmp_path / "7" / "environ").write_bytes(b"PATH=/bin\0LOCAL_RANK=3\0")
+    assert local_rank_of(7, tmp_path) == 3
+    assert local_rank_of(8, tmp_path) is None  # no such process
+    # A live rank whose local rank is unknown could be any of the missing ones: none named exited.
+    assert NodeView(0, 0, 4, {0: 1, 1: 2}, {}, unknown=0).exited() == [2, 3]
+    assert NodeView(0, 0, 4, {0: 1, 1: 2}, {}, unknown=1).exited() == []
