@@ -10,6 +10,7 @@ the next command goes on from the last logged test (launch/bench_gpu_tests.sh `d
 """
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Dict
 
@@ -40,6 +41,11 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     path = config.getoption("test_log")
     if path:
+        # SIGINT is how a pass is cut (bench_gpu_tests.sh: `timeout -s INT`). A process started
+        # in the background of a shell without job control inherits it ignored, and Python then
+        # leaves it so: the pass would run on to the limit's SIGKILL, cut inside a test.
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         config.pluginmanager.register(PassLog(Path(path)), "infcl_ds_test_log")
 
 

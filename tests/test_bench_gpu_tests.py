@@ -60,11 +60,17 @@ SAMPLE_PASS = (
     "def test_f(): time.sleep(0.2)\n")
 
 
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pass(tmp_path, log, **env):
+    # Started with SIGINT ignored, as from a shell's background without job control (nohup ... &):
+    # the plugin restores it, or SIGINT would not cut the pass.
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.pytest_log",
                              "--test-log", str(log), str(tmp_path / "test_sample.py"), str(tmp_path / "test_extra.py")], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint)
 
 
 def test_a_pass_cut_by_sigint_goes_on_where_it_stopped_and_becomes_the_durations(tmp_path):
