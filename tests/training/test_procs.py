@@ -29,14 +29,19 @@ stopped.kill()
 """
 
 
-def test_a_leaving_rank_ends_a_stopped_sibling(tmp_path):
+def run_as_deepspeed_launch(tmp_path, script: str) -> dict:
+    """Run ``script`` as DeepSpeed's launch.py (its path is what identifies it); its JSON output."""
     launch = tmp_path / "deepspeed" / "launcher" / "launch.py"
     launch.parent.mkdir(parents=True)
-    launch.write_text(FAKE_LAUNCH)
+    launch.write_text(script)
     out = subprocess.run([sys.executable, str(launch)], capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_a_leaving_rank_ends_a_stopped_sibling(tmp_path):
+    seen = run_as_deepspeed_launch(tmp_path, FAKE_LAUNCH)
     assert seen["ended"] == [seen["stopped"]] and seen["state after"] == "Z", seen  # killed, not yet reaped
 
 
@@ -73,13 +78,7 @@ ranks[0].kill()
 
 
 def test_a_failed_collective_names_the_stopped_and_exited_ranks_of_its_node(tmp_path):
-    launch = tmp_path / "deepspeed" / "launcher" / "launch.py"
-    launch.parent.mkdir(parents=True)
-    launch.write_text(NODE_LAUNCH)
-    out = subprocess.run([sys.executable, str(launch)], capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
+    seen = run_as_deepspeed_launch(tmp_path, NODE_LAUNCH)
     assert seen["before"] == []
     assert seen["after"] == [f"rank 5 (pid {seen['stopped']}) is stopped", "rank 6 has exited", "rank 7 has exited"]
 
